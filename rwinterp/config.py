@@ -1,0 +1,109 @@
+"""Configuration of the paper's model, as a TransformerLens config.
+
+:class:`WalkTransformerConfig` subclasses :class:`transformer_lens.config.TransformerLensConfig`
+so that the model satisfies :class:`transformer_lens.model_protocol.TransformerLensModel`. The
+paper's quantities map onto TransformerLens names as follows:
+
+=====================  ==================  ==============================================
+paper                  field               TransformerLens meaning
+=====================  ==================  ==============================================
+K states               ``n_states``        ``d_vocab = K + 1`` (query token), ``d_vocab_out = K``
+N positions            ``n_ctx``           sequence length, query slot included
+M positional dims      ``pos_dim``         ``d_model = K + M`` (token and position concatenated)
+V (K x K or m x K)     (parameter)         ``d_head = K``, or ``m`` with the FC+ReLU variant
+m (appendix F.2)       ``mlp_width``       ``d_mlp = m``; ``attn_only`` when ``None``
+=====================  ==================  ==============================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+import torch
+from transformer_lens.config import TransformerLensConfig
+
+from rwinterp.errors import RwinterpError, require
+
+POS_EMBEDDINGS = ("orthogonal", "sine")
+INITS = ("zero", "gaussian")
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    for name, value in DTYPES.items():
+        if value == dtype:
+            return name
+    raise RwinterpError(f"unsupported dtype {dtype}; use float32 or float64")
+
+
+@dataclass
+class WalkTransformerConfig(TransformerLensConfig):
+    """The paper's one-layer model (PAPER.md section 2). Derived fields are filled in for you."""
+
+    # Derived TransformerLens fields (re-declared with defaults; set in __post_init__).
+    d_model: int = -1
+    d_head: int = -1
+    n_layers: int = 1
+    n_ctx: int = 97
+    n_heads: int = 1
+    d_vocab_out: int = -1
+    # The paper's own parameters.
+    n_states: int = 6
+    pos_dim: int = 1000
+    pos_embedding: str = "orthogonal"
+    init: str = "zero"
+    init_sigma: float = 0.01
+    normalize_tokens: bool = False
+    mlp_width: Optional[int] = None
+    seed: int = 0
+    device: Optional[str] = "cpu"
+    normalization_type: Optional[str] = None
+    positional_embedding_type: str = "concatenated"
+    default_prepend_bos: bool = False
+    dtype: torch.dtype = torch.float64
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dtype, str):
+            require(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype}")
+            self.dtype = DTYPES[self.dtype]
+        dtype_name(self.dtype)
+        K, M, N = self.n_states, self.pos_dim, self.n_ctx
+        require(isinstance(K, int) and K >= 2, f"the number of states K must be >= 2, got {K}")
+        require(isinstance(N, int) and N >= 2, f"N must be an integer >= 2, got {N}")
+        require(isinstance(M, int) and M >= 1, f"M must be a positive integer, got {M}")
+        require(self.pos_embedding in POS_EMBEDDINGS,
+                f"positional embedding must be one of {', '.join(POS_EMBEDDINGS)}, got {self.pos_embedding!r}")
+        if self.pos_embedding == "orthogonal":
+            require(M >= N, f"orthogonal positional embeddings need M >= N (got M={M}, N={N})")
+        else:
+            require(M > N, f"sine positional embeddings need M > N (got M={M}, N={N})")
+        require(self.init in INITS, f"init must be one of {', '.join(INITS)}, got {self.init!r}")
+        require(self.init_sigma >= 0, f"sigma must be non-negative, got {self.init_sigma}")
+        if self.mlp_width is not None:
+            require(isinstance(self.mlp_width, int) and 1 <= self.mlp_width <= K + M,
+                    f"mlp width must be an integer in [1, K + M], got {self.mlp_width}")
+        self.d_model = K + M
+        self.d_head = self.mlp_width if self.mlp_width is not None else K
+        self.d_mlp = self.mlp_width
+        self.attn_only = self.mlp_width is None
+        self.d_vocab = K + 1
+        self.d_vocab_out = K
+        self.n_layers = 1
+        self.n_heads = 1
+        super().__post_init__()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable: only the fields a user sets (derived ones are recomputed)."""
+        keep = ("n_states", "n_ctx", "pos_dim", "pos_embedding", "init", "init_sigma",
+                "normalize_tokens", "mlp_width", "seed", "dtype")
+        out = {k: getattr(self, k) for k in keep}
+        out["dtype"] = dtype_name(self.dtype)
+        return out
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any]) -> "WalkTransformerConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(config_dict) - known)
+        require(not unknown, f"unknown model config fields: {', '.join(unknown)}")
+        return cls(**config_dict)

@@ -1,0 +1,53 @@
+"""Losses on the model's raw scores ``f`` (``[batch, K]``), averaged with optional sample weights.
+
+* ``log`` (the paper's): ``-log(f[y] + eps)`` on the raw score of the true label. Not softmax
+  cross-entropy; it can be negative, and it is undefined where ``f[y] + eps <= 0``.
+* ``xent``: softmax cross-entropy of the scores taken as logits.
+* ``squared``: ``||f - e_y||^2 / 2``.
+
+With ``weights`` (population mode) the loss is the exact expectation ``sum_i w_i l_i``; without,
+the mean over the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from rwinterp.errors import require
+
+LOSSES = ("log", "xent", "squared")
+
+
+def per_sample_loss(
+    name: str, scores: Float[Tensor, "batch K"], labels: Int[Tensor, " batch"], eps: float = 0.1
+) -> Float[Tensor, " batch"]:
+    """The loss of each sample."""
+    if name == "log":
+        return -torch.log(scores.gather(1, labels[:, None])[:, 0] + eps)
+    if name == "xent":
+        return F.cross_entropy(scores, labels, reduction="none")
+    if name == "squared":
+        target = F.one_hot(labels, scores.shape[-1]).to(scores.dtype)
+        return 0.5 * (scores - target).pow(2).sum(-1)
+    require(False, f"loss must be one of {', '.join(LOSSES)}, got {name!r}")
+    raise AssertionError  # unreachable
+
+
+def average(values: Float[Tensor, " batch"], weights: Float[Tensor, " batch"] | None) -> Tensor:
+    """Mean over samples, or the weighted sum when ``weights`` (probabilities) are given."""
+    if weights is None:
+        return values.mean()
+    return (values * weights.to(values.dtype)).sum()
+
+
+def loss(
+    name: str,
+    scores: Float[Tensor, "batch K"],
+    labels: Int[Tensor, " batch"],
+    weights: Float[Tensor, " batch"] | None = None,
+    eps: float = 0.1,
+) -> Tensor:
+    return average(per_sample_loss(name, scores, labels, eps), weights)

@@ -1,0 +1,380 @@
+"""The paper's one-layer transformer as a TransformerLens hooked model.
+
+The model (PAPER.md section 2) reads N tokens, the last one the query slot, and outputs raw scores
+
+    f(X) = V X softmax(X~^T W x~_N)                    (attention-only)
+    f(X) = A ReLU(V X softmax(X~^T W x~_N))            (FC+ReLU variant, ``mlp_width = m``)
+
+where ``x~_i = [x_i; p_i]`` concatenates the one-hot token ``x_i`` (zero for the query) with a
+fixed positional embedding ``p_i`` of squared norm M/2, the softmax runs over all N positions with
+no 1/sqrt(d) scaling, and values see only the token part. There is no residual connection into the
+output and no output softmax: ``logits`` are the paper's raw scores ``f``.
+
+How it maps onto TransformerLens
+--------------------------------
+``d_model = K + M`` (token coordinates first), ``d_vocab = K + 1`` (the query token is ``K`` and
+embeds to zero), ``d_vocab_out = K``, one layer, one head. Hook names follow HookedTransformer:
+
+===============================  ================================  =================================
+hook                             shape                             content
+===============================  ================================  =================================
+``hook_embed``                   ``[batch, pos, d_model]``         ``[x_i; 0]``
+``hook_pos_embed``               ``[batch, pos, d_model]``         ``[0; p_i]``
+``blocks.0.hook_resid_pre``      ``[batch, pos, d_model]``         ``x~_i``
+``blocks.0.attn.hook_v``         ``[batch, pos, 1, d_head]``       ``V x_i`` (zero for the query)
+``blocks.0.attn.hook_attn_scores`` ``[batch, 1, 1, pos]``          pre-softmax ``x~_i^T W x~_N``
+``blocks.0.attn.hook_pattern``   ``[batch, 1, 1, pos]``            the softmax
+``blocks.0.attn.hook_z``         ``[batch, 1, 1, d_head]``         ``V X softmax(...)``
+``blocks.0.hook_attn_out``       ``[batch, 1, d_model]``           ``z W_O``
+``blocks.0.hook_resid_mid``      ``[batch, 1, d_model]``           (FC+ReLU variant only)
+``blocks.0.mlp.hook_pre/post``   ``[batch, 1, m]``                 ``V X S`` and its ReLU
+``blocks.0.hook_mlp_out``        ``[batch, 1, d_model]``           (FC+ReLU variant only)
+``blocks.0.hook_resid_post``     ``[batch, 1, d_model]``           the block output (no residual)
+===============================  ================================  =================================
+
+**The query dimension holds only the query position.** The paper's model attends from the query
+slot alone, so attention, ``z`` and everything after it have a query/position axis of length one
+(the last position); patching functions that index ``z`` or ``attn_out`` by position must use
+position 0 of that axis. Logits are ``[batch, 1, K]``.
+
+Structure used for speed
+------------------------
+The query ``x~_N = [0; p_N]`` is the same for every sample, so only ``u = W x~_N`` enters the forward
+pass and every gradient of W is an outer product ``g x~_N^T``. The model therefore stores ``u``
+(``blocks.0.attn.u``) and never materialises the ``(K+M) x (K+M)`` matrix W during training; plain
+gradient descent on W is gradient descent on ``u`` with the learning rate scaled by
+``||x~_N||^2`` (see :meth:`WalkTransformer.u_lr_scale`). The paper's W is available as
+:attr:`WalkTransformer.W` (rebuilt exactly from ``u`` and the stored initial W). When no hook is
+attached to the embeddings or ``resid_pre``, the forward pass computes attention scores from the
+tokens directly (``u_tok[x_i] + p_i . u_pos``) without building ``[batch, pos, d_model]`` tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+from transformer_lens.ActivationCache import ActivationCache
+from transformer_lens.FactoredMatrix import FactoredMatrix
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.HookedRootModule import HookedRootModule
+
+from rwinterp.config import WalkTransformerConfig
+from rwinterp.errors import RwinterpError, require
+
+#: Largest d_model for which a Gaussian-initialised model keeps its full initial W (float entries).
+MAX_STORED_W = 1 << 22
+
+
+def positional_embeddings(kind: str, N: int, M: int) -> Float[Tensor, "N M"]:
+    """Mutually orthogonal positional embeddings with squared norm M/2 (float64).
+
+    ``orthogonal``: ``p_i = sqrt(M/2) e_i`` (exactly orthogonal in floating point).
+    ``sine``: ``[p_i]_k = sin(pi i k / M)``, ``i = 1..N``, ``k = 1..M`` (orthogonal in exact arithmetic,
+    with round-off of order 1e-13 in the inner products).
+    """
+    if kind == "orthogonal":
+        P = torch.zeros(N, M, dtype=torch.float64)
+        P[torch.arange(N), torch.arange(N)] = math.sqrt(M / 2)
+        return P
+    if kind == "sine":
+        i = torch.arange(1, N + 1, dtype=torch.float64)[:, None]
+        k = torch.arange(1, M + 1, dtype=torch.float64)[None, :]
+        return torch.sin(math.pi * i * k / M)
+    raise RwinterpError(f"unknown positional embedding {kind!r}")
+
+
+def predict(scores: Float[Tensor, "... K"]) -> Int[Tensor, "..."]:
+    """The paper's prediction: the smallest index among the maximisers of the scores.
+
+    Scores within a relative tolerance (64 machine epsilons of the row's largest magnitude) of the
+    maximum count as ties, so floating-point round-off does not decide between equal scores.
+    """
+    tol = 64 * torch.finfo(scores.dtype).eps * scores.abs().amax(dim=-1, keepdim=True)
+    top = scores.amax(dim=-1, keepdim=True)
+    is_max = scores >= top - tol
+    return is_max.to(torch.int8).argmax(dim=-1)
+
+
+class WalkAttention(nn.Module):
+    """Single-head attention from the query slot, with merged key-query W and value matrix V."""
+
+    def __init__(self, cfg: WalkTransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.V = nn.Parameter(torch.zeros(cfg.d_head, cfg.n_states, dtype=cfg.dtype))
+        self.u = nn.Parameter(torch.zeros(cfg.d_model, dtype=cfg.dtype))
+        self.hook_v = HookPoint()
+        self.hook_attn_scores = HookPoint()
+        self.hook_pattern = HookPoint()
+        self.hook_z = HookPoint()
+
+    def forward(
+        self,
+        keys_in: Float[Tensor, "batch pos"],
+        token_part: Float[Tensor, "batch pos K"],
+    ) -> Float[Tensor, "batch 1 1 d_head"]:
+        """``keys_in[b, i] = x~_i . u`` (already normalised if configured); ``token_part`` is X^T."""
+        v = torch.einsum("bpk,hk->bph", token_part, self.V)[:, :, None, :]
+        v = self.hook_v(v)
+        scores = self.hook_attn_scores(keys_in[:, None, None, :])
+        pattern = self.hook_pattern(torch.softmax(scores, dim=-1))
+        z = torch.einsum("bhqp,bphd->bqhd", pattern, v)
+        return self.hook_z(z)
+
+
+class WalkMLP(nn.Module):
+    """The FC+ReLU variant's output layer: ``f = A ReLU(h)`` (PAPER.md appendix F.2)."""
+
+    def __init__(self, cfg: WalkTransformerConfig):
+        super().__init__()
+        self.A = nn.Parameter(torch.zeros(cfg.n_states, cfg.d_mlp, dtype=cfg.dtype))
+        self.hook_pre = HookPoint()
+        self.hook_post = HookPoint()
+
+    def forward(self, h: Float[Tensor, "batch 1 m"]) -> Float[Tensor, "batch 1 K"]:
+        post = self.hook_post(F.relu(self.hook_pre(h)))
+        return post @ self.A.T
+
+
+class WalkBlock(nn.Module):
+    def __init__(self, cfg: WalkTransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.attn = WalkAttention(cfg)
+        self.hook_resid_pre = HookPoint()
+        self.hook_attn_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+        if cfg.mlp_width is not None:
+            self.mlp = WalkMLP(cfg)
+            self.hook_resid_mid = HookPoint()
+            self.hook_mlp_out = HookPoint()
+
+
+class WalkTransformer(HookedRootModule):
+    """The paper's model. Build with ``WalkTransformer(WalkTransformerConfig(...))``."""
+
+    def __init__(self, cfg: WalkTransformerConfig):
+        super().__init__()
+        if isinstance(cfg, dict):
+            cfg = WalkTransformerConfig.from_dict(cfg)
+        self.cfg = cfg
+        K, M, N, D = cfg.n_states, cfg.pos_dim, cfg.n_ctx, cfg.d_model
+        W_E = torch.zeros(K + 1, D, dtype=cfg.dtype)
+        W_E[torch.arange(K), torch.arange(K)] = 1.0
+        W_pos = torch.zeros(N, D, dtype=cfg.dtype)
+        W_pos[:, K:] = positional_embeddings(cfg.pos_embedding, N, M).to(cfg.dtype)
+        self.register_buffer("W_E", W_E, persistent=False)
+        self.register_buffer("W_pos", W_pos, persistent=False)
+        self.hook_embed = HookPoint()
+        self.hook_pos_embed = HookPoint()
+        self.blocks = nn.ModuleList([WalkBlock(cfg)])
+        self.register_buffer("W_init", torch.zeros(0, dtype=cfg.dtype))
+        self.setup()
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ parameters
+    @property
+    def attn(self) -> WalkAttention:
+        return self.blocks[0].attn
+
+    @property
+    def V(self) -> Float[Tensor, "d_head K"]:
+        """The paper's value matrix (K x K, or m x K with the FC+ReLU variant)."""
+        return self.attn.V
+
+    @property
+    def u(self) -> Float[Tensor, " d_model"]:
+        """``W x~_N`` (``W x~_N / ||x~_N||`` with normalised tokens): all of W the model uses."""
+        return self.attn.u
+
+    @property
+    def A(self) -> Float[Tensor, "K m"]:
+        require(self.cfg.mlp_width is not None, "this model has no FC+ReLU layer")
+        return self.blocks[0].mlp.A
+
+    def query_vector(self) -> Float[Tensor, " d_model"]:
+        """The query as the attention sees it: ``x~_N``, or ``x~_N/||x~_N||`` with normalised tokens."""
+        q = self.W_pos[-1]
+        return q / q.norm() if self.cfg.normalize_tokens else q
+
+    def u_lr_scale(self) -> float:
+        """``||query||^2``: gradient descent on W moves ``u`` by this factor times ``-lr dL/du``."""
+        return float(self.query_vector().pow(2).sum())
+
+    def reset_parameters(self) -> None:
+        """Zero or Gaussian(sigma) initialisation of V, W (through u) and A, from ``cfg.seed``."""
+        cfg = self.cfg
+        gen = torch.Generator().manual_seed(cfg.seed)
+        gaussian = cfg.init == "gaussian"
+
+        def draw(*shape: int) -> Tensor:
+            if not gaussian:
+                return torch.zeros(*shape, dtype=torch.float64)
+            return torch.randn(*shape, generator=gen, dtype=torch.float64) * cfg.init_sigma
+
+        with torch.no_grad():
+            self.attn.V.copy_(draw(*self.attn.V.shape))
+            q = self.query_vector().to(torch.float64)
+            if gaussian and cfg.d_model**2 <= MAX_STORED_W:
+                W0 = draw(cfg.d_model, cfg.d_model)
+                self.W_init = W0.to(cfg.dtype)
+                self.attn.u.copy_(W0 @ q)
+            else:
+                # W_init x~_N has i.i.d. N(0, sigma^2 ||x~_N||^2) entries: draw it directly.
+                self.W_init = torch.zeros(0, dtype=cfg.dtype)
+                self.attn.u.copy_(draw(cfg.d_model) * q.norm())
+            if cfg.mlp_width is not None:
+                self.blocks[0].mlp.A.copy_(draw(*self.blocks[0].mlp.A.shape))
+
+    @property
+    def W(self) -> Float[Tensor, "d_model d_model"]:
+        """The paper's merged key-query matrix.
+
+        Gradient descent only ever adds multiples of ``g q^T`` (q the query vector), so
+        ``W = W_init + (u - W_init q) q^T / ||q||^2`` exactly, with ``W_init = 0`` for zero init.
+        """
+        cfg = self.cfg
+        q = self.query_vector()
+        if cfg.init == "gaussian" and self.W_init.numel() == 0:
+            raise RwinterpError("the initial W of this Gaussian-initialised model was too large to keep")
+        require(cfg.d_model**2 <= 4 * MAX_STORED_W, f"W is {cfg.d_model} x {cfg.d_model}: too large to build")
+        u = self.u.detach()
+        if self.W_init.numel():
+            base = self.W_init
+            return base + torch.outer(u - base @ q, q) / q.pow(2).sum()
+        return torch.outer(u, q) / q.pow(2).sum()
+
+    # ------------------------------------------------------------------ TransformerLens weights
+    @property
+    def W_U(self) -> Float[Tensor, "d_model K"]:
+        """Reads the output scores off the token coordinates of the residual stream."""
+        return self.W_E[: self.cfg.n_states].T.contiguous()
+
+    @property
+    def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model 1"]:
+        """With ``W_K``, a rank-one factorisation of the query-key circuit on the model's domain:
+        the query ``q`` gives ``q . W_Q = 1`` and keys are ``x~_i . u``, so the score is ``x~_i^T W q``.
+        """
+        q = self.query_vector()
+        return (q / q.pow(2).sum())[None, None, :, None]
+
+    @property
+    def W_K(self) -> Float[Tensor, "n_layers n_heads d_model 1"]:
+        return self.u[None, None, :, None]
+
+    @property
+    def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        """``[V^T; 0]``: values read only the token coordinates."""
+        cfg = self.cfg
+        W_V = self.V.new_zeros(cfg.d_model, cfg.d_head)
+        W_V[: cfg.n_states] = self.V.T
+        return W_V[None, None]
+
+    @property
+    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
+        """Writes the head output into the first ``d_head`` residual coordinates."""
+        cfg = self.cfg
+        W_O = self.V.new_zeros(cfg.d_head, cfg.d_model)
+        W_O[torch.arange(cfg.d_head), torch.arange(cfg.d_head)] = 1.0
+        return W_O[None, None]
+
+    @property
+    def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
+        return self.W_O[0, 0].T.contiguous()[None]
+
+    @property
+    def W_out(self) -> Float[Tensor, "n_layers d_mlp d_model"]:
+        W_out = self.A.new_zeros(self.cfg.d_mlp, self.cfg.d_model)
+        W_out[:, : self.cfg.n_states] = self.A.T
+        return W_out[None]
+
+    @property
+    def QK(self) -> FactoredMatrix:
+        """``W_Q W_K^T`` per layer and head: equals ``W^T`` on the model's domain (query slot)."""
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        return FactoredMatrix(self.W_V, self.W_O)
+
+    # ------------------------------------------------------------------ forward
+    def to_tokens(self, tokens: Any) -> Int[Tensor, "batch pos"]:
+        """Tokens are already integer tensors (no tokenizer); accepts a task ``Batch`` too."""
+        tokens = getattr(tokens, "tokens", tokens)
+        return self._check_tokens(torch.as_tensor(tokens))
+
+    def _check_tokens(self, tokens: Tensor) -> Tensor:
+        cfg = self.cfg
+        if tokens.ndim == 1:
+            tokens = tokens[None]
+        require(tokens.ndim == 2 and tokens.shape[1] == cfg.n_ctx,
+                f"tokens must have shape [batch, {cfg.n_ctx}], got {list(tokens.shape)}")
+        require(not tokens.is_floating_point(), "tokens must be an integer tensor")
+        if tokens.numel():
+            require(int(tokens.min()) >= 0 and int(tokens.max()) <= cfg.n_states,
+                    f"tokens must lie in [0, {cfg.n_states}] ({cfg.n_states} is the query token)")
+        return tokens
+
+    def _dense_inputs(self) -> bool:
+        return any(h.has_hooks() for h in (self.hook_embed, self.hook_pos_embed,
+                                            self.blocks[0].hook_resid_pre))
+
+    def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch 1 K"]:
+        """The raw scores ``f(X)`` at the query slot, shaped ``[batch, 1, K]`` like logits."""
+        tokens = self._check_tokens(tokens)
+        cfg = self.cfg
+        block = self.blocks[0]
+        u = self.u
+        K = cfg.n_states
+        if self._dense_inputs():
+            embed = self.hook_embed(self.W_E[tokens])
+            pos = self.hook_pos_embed(self.W_pos.expand(tokens.shape[0], -1, -1))
+            resid = block.hook_resid_pre(embed + pos)
+            keys = resid @ u
+            if cfg.normalize_tokens:
+                keys = keys / resid.norm(dim=-1)
+            token_part = resid[..., :K]
+        else:
+            # x~_i . u = u_tok[x_i] + p_i . u_pos, without building [batch, pos, d_model].
+            keys = (self.W_E @ u)[tokens] + (self.W_pos @ u)[None, :]
+            token_part = self.W_E[:, :K][tokens]
+            if cfg.normalize_tokens:
+                tok_sq = self.W_E.pow(2).sum(-1)[tokens]
+                pos_sq = self.W_pos.pow(2).sum(-1)[None, :]
+                keys = keys / (tok_sq + pos_sq).sqrt()
+        z = block.attn(keys, token_part)  # [batch, 1, 1, d_head]
+        attn_out = block.hook_attn_out(torch.einsum("bqhd,hdm->bqm", z, self.W_O[0]))
+        if cfg.mlp_width is None:
+            resid_post = block.hook_resid_post(attn_out)
+        else:
+            resid_mid = block.hook_resid_mid(attn_out)
+            scores = block.mlp(resid_mid[..., : cfg.mlp_width])
+            mlp_out = block.hook_mlp_out(F.pad(scores, (0, cfg.d_model - K)))
+            resid_post = block.hook_resid_post(mlp_out)
+        return resid_post[..., :K]
+
+    def scores(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch K"]:
+        """``f(X)`` as a ``[batch, K]`` tensor."""
+        return self(tokens)[:, 0, :]
+
+    def attention(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos"]:
+        """The attention pattern of the query slot over all N positions."""
+        store: dict[str, Tensor] = {}
+
+        def grab(pattern: Tensor, hook: HookPoint) -> None:
+            store["pattern"] = pattern
+
+        self.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_pattern", grab)])
+        return store["pattern"][:, 0, 0, :]
+
+    def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
+        """As in TransformerLens, returning an :class:`ActivationCache`."""
+        out, cache = super().run_with_cache(*args, **kwargs)
+        if isinstance(cache, ActivationCache):
+            return out, cache
+        return out, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))

@@ -1,0 +1,189 @@
+"""Saved runs: a directory that rebuilds the trained model, its task and its history.
+
+A run directory holds
+
+* ``config.json``: ``{"format", "model_kind", "model", "task", "train"}``: everything needed to
+  rebuild the model and its data;
+* ``model.safetensors``: the weights (state dict);
+* ``history.json``: one object per step (step 0 is the initial model) and the run's summary.
+
+:func:`save_run` writes into a temporary sibling directory and renames it into place, so an
+interrupted write never leaves a half-written run; it replaces an existing run but refuses to
+overwrite a directory that is not one. :func:`load_run` checks that the files agree with each other
+and raises :class:`~rwinterp.errors.RwinterpError` with a one-line reason when they do not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from rwinterp.errors import RwinterpError, require
+from rwinterp.tasks import Task, task_from_dict
+
+FORMAT = 1
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+HISTORY_FILE = "history.json"
+
+
+@dataclass
+class ModelKind:
+    """How to rebuild a model class from its config dict, and read its config back."""
+
+    build: Callable[[dict[str, Any]], nn.Module]
+    config_of: Callable[[nn.Module], dict[str, Any]]
+
+
+_MODEL_KINDS: dict[str, ModelKind] = {}
+
+
+def register_model_kind(name: str, kind: ModelKind) -> None:
+    _MODEL_KINDS[name] = kind
+
+
+def _walk_kind() -> ModelKind:
+    from rwinterp.config import WalkTransformerConfig
+    from rwinterp.model import WalkTransformer
+
+    return ModelKind(
+        build=lambda cfg: WalkTransformer(WalkTransformerConfig.from_dict(cfg)),
+        config_of=lambda model: model.cfg.to_dict(),
+    )
+
+
+def model_kind_of(model: nn.Module) -> str:
+    from rwinterp.model import WalkTransformer
+
+    if isinstance(model, WalkTransformer):
+        return "walk"
+    name = getattr(model, "run_kind", None)
+    require(name in _MODEL_KINDS, f"no saved-run format is registered for {type(model).__name__}")
+    return name
+
+
+def _kind(name: str) -> ModelKind:
+    if name == "walk" and name not in _MODEL_KINDS:
+        register_model_kind("walk", _walk_kind())
+    require(name in _MODEL_KINDS, f"unknown model kind {name!r} in the run's config")
+    return _MODEL_KINDS[name]
+
+
+@dataclass
+class Run:
+    """A loaded run: the model (in eval mode), its task, and what training recorded."""
+
+    model: nn.Module
+    task: Task
+    train: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    path: Optional[Path] = None
+
+
+def save_run(
+    directory: str | os.PathLike,
+    model: nn.Module,
+    task: Task,
+    train: dict[str, Any],
+    history: list[dict[str, Any]],
+    summary: dict[str, Any],
+) -> Path:
+    """Write a run atomically; returns its path."""
+    from safetensors.torch import save_file
+
+    target = Path(directory)
+    if target.exists():
+        require(target.is_dir(), f"{target} exists and is not a directory")
+        is_run = (target / CONFIG_FILE).exists()
+        require(is_run or not any(target.iterdir()),
+                f"{target} exists and is not a run directory; choose another --out")
+    kind = model_kind_of(model)
+    config = {
+        "format": FORMAT,
+        "model_kind": kind,
+        "model": _kind(kind).config_of(model),
+        "task": task.to_dict(),
+        "train": train,
+    }
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / WEIGHTS_FILE))
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+        (tmp / HISTORY_FILE).write_text(json.dumps({"summary": summary, "history": history}, indent=1))
+        if target.exists():
+            old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+            target.rename(old)
+            tmp.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RwinterpError(f"not a run directory: {path.parent} (missing {path.name})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RwinterpError(f"unreadable {path}: {exc}") from None
+
+
+def load_run(directory: str | os.PathLike) -> Run:
+    """Rebuild a saved run; the model comes back in eval mode with identical outputs."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(directory)
+    require(path.is_dir(), f"not a run directory: {path} does not exist or is not a directory")
+    config = _read_json(path / CONFIG_FILE)
+    require(isinstance(config, dict) and config.get("format") == FORMAT,
+            f"{path / CONFIG_FILE} is not a version-{FORMAT} run config")
+    for key in ("model_kind", "model", "task", "train"):
+        require(key in config, f"{path / CONFIG_FILE} lacks {key!r}")
+    history = _read_json(path / HISTORY_FILE)
+    require(isinstance(history, dict) and "history" in history, f"{path / HISTORY_FILE} is malformed")
+    task = task_from_dict(config["task"])
+    try:
+        model = _kind(config["model_kind"]).build(config["model"])
+    except TypeError as exc:
+        raise RwinterpError(f"bad model config in {path / CONFIG_FILE}: {exc}") from None
+    cfg = model.cfg
+    require(getattr(cfg, "n_states", task.n_states) == task.n_states,
+            f"mismatched run: the model has K={getattr(cfg, 'n_states', '?')} but the task has K={task.n_states}")
+    require(getattr(cfg, "n_ctx", task.seq_len) >= task.seq_len,
+            f"mismatched run: the model has N={cfg.n_ctx} but the task has N={task.seq_len}")
+    try:
+        state = load_file(str(path / WEIGHTS_FILE))
+    except FileNotFoundError:
+        raise RwinterpError(f"not a run directory: {path} (missing {WEIGHTS_FILE})") from None
+    except (SafetensorError, OSError) as exc:
+        raise RwinterpError(f"unreadable {path / WEIGHTS_FILE}: {exc}") from None
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    require(not missing and not extra,
+            f"mismatched weights in {path}: missing {missing[:3]}, unexpected {extra[:3]}")
+    for name, tensor in state.items():
+        require(tensor.shape == expected[name].shape,
+                f"mismatched weights in {path}: {name} has shape {list(tensor.shape)}, "
+                f"the config implies {list(expected[name].shape)}")
+    with torch.no_grad():
+        model.load_state_dict(state)
+    model.eval()
+    return Run(model, task, config["train"], history["history"], history.get("summary", {}), path)

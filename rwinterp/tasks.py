@@ -1,0 +1,298 @@
+"""Prediction tasks: random walks on a circle, and the Markov chains they are a case of.
+
+Every task shares one small interface (:class:`Task`), so models, training and probes never ask
+which task they hold:
+
+* ``n_states`` (K) label classes, which are also the input tokens ``0..K-1``; token ``K`` is the
+  reserved *query token* that fills the last position (the paper's all-zero query slot).
+* ``seq_len`` (N) positions per sample: ``N - 1`` observed tokens and the query slot.
+* :meth:`Task.sample` draws ``n`` samples reproducibly from a seed; :meth:`Task.population`
+  enumerates every sample with its probability (exact expectations, small N only).
+* :meth:`Task.conditional` is the true distribution of the label given the tokens,
+  :meth:`Task.bayes_accuracy` the accuracy of the Bayes-optimal predictor, and
+  :meth:`Task.parent_positions` the positions whose tokens determine the label (the *parents*;
+  for a first-order chain only the token just before the query slot).
+
+A sample of a walk ``s_1 .. s_N`` is ``tokens = [s_1, ..., s_{N-1}, K]`` with label ``s_N``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from rwinterp.errors import RwinterpError, require
+
+#: Largest number of samples :meth:`Task.population` will enumerate.
+MAX_POPULATION = 1 << 20
+
+_TASKS: dict[str, type["Task"]] = {}
+
+
+def register_task(cls: type["Task"]) -> type["Task"]:
+    """Class decorator: make a task constructible by :func:`task_from_dict` under ``cls.kind``."""
+    _TASKS[cls.kind] = cls
+    return cls
+
+
+def task_from_dict(data: dict[str, Any]) -> "Task":
+    """Rebuild a task from :meth:`Task.to_dict` output."""
+    data = dict(data)
+    kind = data.pop("kind", None)
+    if kind not in _TASKS:
+        raise RwinterpError(f"unknown task kind {kind!r}; known: {', '.join(sorted(_TASKS))}")
+    try:
+        return _TASKS[kind].from_params(data)
+    except TypeError as exc:
+        raise RwinterpError(f"bad parameters for task {kind!r}: {exc}") from None
+
+
+@dataclass
+class Batch:
+    """Samples of a task.
+
+    ``tokens`` holds the observed tokens and the query token in the last position, ``labels`` the
+    token to predict. ``weights`` is ``None`` for sampled data and holds the probability of each
+    sample (summing to one) for an enumerated population. ``states`` is, where the task has one,
+    the whole underlying sequence ``s_1 .. s_N`` (observed tokens followed by the label): the input
+    a standard autoregressive model is trained on.
+    """
+
+    tokens: Int[Tensor, "batch pos"]
+    labels: Int[Tensor, " batch"]
+    weights: Float[Tensor, " batch"] | None = None
+    states: Int[Tensor, "batch pos"] | None = None
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def __getitem__(self, index: Any) -> "Batch":
+        """The samples at ``index`` (weights renormalised to sum to one)."""
+        weights = None
+        if self.weights is not None:
+            weights = self.weights[index]
+            weights = weights / weights.sum()
+        states = None if self.states is None else self.states[index]
+        return Batch(self.tokens[index], self.labels[index], weights, states)
+
+
+class Task(ABC):
+    """What a model is trained on and probed with. See the module docstring."""
+
+    kind: ClassVar[str]
+
+    @property
+    @abstractmethod
+    def n_states(self) -> int:
+        """K: the number of label classes, which are also tokens ``0..K-1``."""
+
+    @property
+    @abstractmethod
+    def seq_len(self) -> int:
+        """N: positions per sample, the query slot included."""
+
+    @property
+    def query_token(self) -> int:
+        """The reserved token that fills the query slot (the last position)."""
+        return self.n_states
+
+    @property
+    def d_vocab(self) -> int:
+        """Input vocabulary: the K state tokens and the query token."""
+        return self.n_states + 1
+
+    @abstractmethod
+    def sample(self, n: int, seed: int) -> Batch:
+        """``n`` independent samples; the same seed gives the same samples."""
+
+    @abstractmethod
+    def population(self) -> Batch:
+        """Every sample of non-zero probability, with its probability as weight."""
+
+    @abstractmethod
+    def conditional(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch K"]:
+        """The true distribution of the label given the tokens, P(y | x_1 .. x_{N-1})."""
+
+    @abstractmethod
+    def bayes_accuracy(self) -> float:
+        """Accuracy of the Bayes-optimal predictor (ties broken towards the smallest label)."""
+
+    @abstractmethod
+    def parent_positions(self) -> tuple[int, ...]:
+        """Positions (0-indexed into ``tokens``) whose tokens determine the label."""
+
+    @abstractmethod
+    def params(self) -> dict[str, Any]:
+        """The constructor arguments, JSON-serialisable."""
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "Task":
+        return cls(**params)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **self.params()}
+
+    def describe(self) -> str:
+        args = ", ".join(f"{k}={v}" for k, v in self.params().items() if not isinstance(v, list))
+        return f"{self.kind}({args})"
+
+
+def _check_length(seq_len: int) -> None:
+    require(isinstance(seq_len, int) and seq_len >= 2, f"N must be an integer >= 2, got {seq_len}")
+
+
+@register_task
+class MarkovChain(Task):
+    """Walks of a first-order Markov chain with transition matrix ``Pi`` (row = current state).
+
+    The walk starts from ``initial`` (uniform when omitted). The label's parent is the last
+    observed token (position ``N - 2``): ``P(y | x) = Pi[x_{N-1}]``.
+    """
+
+    kind = "markov"
+
+    def __init__(self, transition: Any, N: int, initial: Any = None):
+        _check_length(N)
+        pi = torch.as_tensor(transition, dtype=torch.float64)
+        require(pi.ndim == 2 and pi.shape[0] == pi.shape[1], "the transition matrix must be square")
+        require(pi.shape[0] >= 2, "a Markov chain needs at least 2 states")
+        require(bool(torch.isfinite(pi).all()) and bool((pi >= 0).all()),
+                "transition probabilities must be finite and non-negative")
+        require(bool(torch.allclose(pi.sum(1), torch.ones(pi.shape[0], dtype=pi.dtype), atol=1e-9)),
+                "every row of the transition matrix must sum to 1")
+        K = pi.shape[0]
+        if initial is None:
+            init = torch.full((K,), 1.0 / K, dtype=torch.float64)
+        else:
+            init = torch.as_tensor(initial, dtype=torch.float64)
+            require(init.shape == (K,), f"the initial distribution must have {K} entries")
+            require(bool((init >= 0).all()) and abs(float(init.sum()) - 1) < 1e-9,
+                    "the initial distribution must be non-negative and sum to 1")
+        self._pi = pi
+        self._init = init
+        self._N = N
+        self._uniform_start = initial is None
+
+    @property
+    def n_states(self) -> int:
+        return int(self._pi.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return self._N
+
+    def transition_matrix(self) -> Float[Tensor, "K K"]:
+        """Pi, row = current state, column = next state (float64)."""
+        return self._pi.clone()
+
+    def initial_distribution(self) -> Float[Tensor, " K"]:
+        return self._init.clone()
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "transition": self._pi.tolist(),
+            "N": self._N,
+            "initial": None if self._uniform_start else self._init.tolist(),
+        }
+
+    def parent_positions(self) -> tuple[int, ...]:
+        return (self._N - 2,)
+
+    def conditional(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch K"]:
+        return self._pi[tokens[:, self._N - 2]]
+
+    def parent_marginal(self) -> Float[Tensor, " K"]:
+        """Distribution of the parent state s_{N-1}: initial @ Pi^(N-2)."""
+        return self._init @ torch.linalg.matrix_power(self._pi, self._N - 2)
+
+    def bayes_accuracy(self) -> float:
+        return float(self.parent_marginal() @ self._pi.max(dim=1).values)
+
+    def sample(self, n: int, seed: int) -> Batch:
+        require(isinstance(n, int) and n >= 1, f"the number of samples must be >= 1, got {n}")
+        gen = torch.Generator().manual_seed(int(seed))
+        uniforms = torch.rand(n, self._N, generator=gen, dtype=torch.float64)
+        states = torch.empty(n, self._N, dtype=torch.long)
+        states[:, 0] = _inverse_cdf(self._init.expand(n, -1), uniforms[:, 0])
+        cdf = self._pi
+        for t in range(1, self._N):
+            states[:, t] = _inverse_cdf(cdf[states[:, t - 1]], uniforms[:, t])
+        return self._batch_from_states(states)
+
+    def _batch_from_states(self, states: Int[Tensor, "batch N"], weights: Tensor | None = None) -> Batch:
+        tokens = states.clone()
+        tokens[:, -1] = self.query_token
+        return Batch(tokens, states[:, -1].clone(), weights, states)
+
+    def population_size(self) -> int:
+        """Number of walks of non-zero probability (exact integer arithmetic)."""
+        support = (self._pi > 0).to(torch.long).tolist()
+        counts = [int(x > 0) for x in self._init.tolist()]
+        for _ in range(self._N - 1):
+            counts = [sum(counts[i] * support[i][j] for i in range(len(counts)))
+                      for j in range(len(counts))]
+        return sum(counts)
+
+    def population(self) -> Batch:
+        size = self.population_size()
+        if size > MAX_POPULATION:
+            raise RwinterpError(
+                f"population mode would enumerate {size} walks (limit {MAX_POPULATION}); "
+                "use a smaller N or sampled walks"
+            )
+        starts = torch.nonzero(self._init > 0).flatten()
+        states = starts[:, None]
+        probs = self._init[starts]
+        for _ in range(self._N - 1):
+            last = states[:, -1]
+            nxt = self._pi[last]  # [paths, K]
+            path_idx, next_state = torch.nonzero(nxt > 0, as_tuple=True)
+            probs = probs[path_idx] * nxt[path_idx, next_state]
+            states = torch.cat([states[path_idx], next_state[:, None]], dim=1)
+        return self._batch_from_states(states, probs)
+
+
+def _inverse_cdf(probs: Float[Tensor, "n K"], u: Float[Tensor, " n"]) -> Int[Tensor, " n"]:
+    """Draw one category per row by inverting the cumulative distribution at ``u``."""
+    cdf = probs.cumsum(dim=1)
+    idx = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).squeeze(1)
+    # Never land on a zero-probability state through round-off at the top of the cdf.
+    return torch.minimum(idx, (probs > 0).to(torch.long).cumsum(1).argmax(1))
+
+
+def circle_transition(K: int, p: float) -> Float[Tensor, "K K"]:
+    """Pi of the walk on a circle of K nodes: +1 (mod K) with probability p, -1 with 1 - p."""
+    pi = torch.zeros(K, K, dtype=torch.float64)
+    idx = torch.arange(K)
+    pi[idx, (idx + 1) % K] += p
+    pi[idx, (idx - 1) % K] += 1 - p
+    return pi
+
+
+@register_task
+class CircleWalk(MarkovChain):
+    """The paper's task: a walk on a circle of K nodes, uniform start, +1 w.p. p, -1 w.p. 1 - p.
+
+    The Bayes-optimal predictor is ``Pi^T x_{N-1}`` and its accuracy is ``max(p, 1 - p)``.
+    """
+
+    kind = "circle"
+
+    def __init__(self, K: int, p: float, N: int):
+        require(isinstance(K, int) and K >= 3, f"K must be an integer >= 3, got {K}")
+        require(isinstance(p, (int, float)) and 0.0 <= float(p) <= 1.0,
+                f"p must lie in [0, 1], got {p}")
+        self.K = K
+        self.p = float(p)
+        super().__init__(circle_transition(K, self.p), N)
+
+    def params(self) -> dict[str, Any]:
+        return {"K": self.K, "p": self.p, "N": self.seq_len}
+
+    def bayes_accuracy(self) -> float:
+        return max(self.p, 1.0 - self.p)

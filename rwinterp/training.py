@@ -1,0 +1,214 @@
+"""Training: the paper's full-batch gradient descent, and the usual alternatives as options.
+
+The paper trains V and W by plain gradient descent, ``theta <- theta - lr * grad``, on the loss
+``-log(f[y] + eps)`` averaged over 1000 sampled walks (experiments) or its expectation over all
+walks (theory, ``population=True``). The model stores ``u = W x~_N`` instead of W (see
+``rwinterp.model``), and gradient descent on W is reproduced exactly by scaling the learning rate
+of ``u`` by ``||x~_N||^2``. Mini-batch SGD (same scaling) and AdamW (on V and u directly) are
+options, as are softmax cross-entropy and squared losses.
+
+Every step records the loss, train and test accuracy, the mean attention on the parent position
+and the distance of V to Pi^T; a diverging loss stops training with the last good state kept.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from rwinterp import losses
+from rwinterp.errors import RwinterpError, require
+from rwinterp.metrics import accuracy, parent_attention, transition_distance
+from rwinterp.model import WalkTransformer
+from rwinterp.tasks import Batch, Task
+
+OPTIMIZERS = ("gd", "sgd", "adamw")
+
+
+@dataclass
+class TrainConfig:
+    """How to train. Defaults are the paper's (Fig 4: lr 1, eps 0.1, 50 steps, 1000/1000 walks)."""
+
+    lr: float = 1.0
+    eps: float = 0.1
+    steps: int = 50
+    loss: str = "log"
+    optimizer: str = "gd"
+    batch_size: Optional[int] = None
+    weight_decay: float = 0.0
+    n_train: int = 1000
+    n_test: int = 1000
+    population: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0,
+                f"lr must be positive, got {self.lr}")
+        require(isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps > 0,
+                f"eps must be positive, got {self.eps}")
+        require(isinstance(self.steps, int) and self.steps >= 0, f"steps must be >= 0, got {self.steps}")
+        require(self.loss in losses.LOSSES, f"loss must be one of {', '.join(losses.LOSSES)}, got {self.loss!r}")
+        require(self.optimizer in OPTIMIZERS,
+                f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        require(self.batch_size is None or self.batch_size >= 1, "batch size must be >= 1")
+        require(self.weight_decay >= 0, "weight decay must be >= 0")
+        require(self.n_train >= 1 and self.n_test >= 1, "n-train and n-test must be >= 1")
+        require(not (self.population and self.optimizer == "sgd"),
+                "population mode trains on the exact expectation: use --optimizer gd or adamw")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        require(not unknown, f"unknown training config fields: {', '.join(unknown)}")
+        return cls(**data)
+
+
+@dataclass
+class TrainResult:
+    """Per-step history (step 0 is the initial model) and where training ended."""
+
+    history: list[dict[str, Any]] = field(default_factory=list)
+    train_seconds: float = 0.0
+    bayes_accuracy: float = math.nan
+
+    @property
+    def final(self) -> dict[str, Any]:
+        return self.history[-1]
+
+
+class TrainingDiverged(RwinterpError):
+    """The loss became NaN or infinite; the model keeps the last good state."""
+
+    def __init__(self, message: str, result: TrainResult):
+        super().__init__(message)
+        self.result = result
+
+
+def data_seeds(seed: int) -> tuple[int, int]:
+    """Independent seeds for the training and the test walks, derived from one seed."""
+    train, test = np.random.SeedSequence(seed).generate_state(2)
+    return int(train), int(test)
+
+
+def make_data(task: Task, config: TrainConfig) -> tuple[Batch, Batch]:
+    """The training and test data: sampled walks, or the exact population for both."""
+    if config.population:
+        pop = task.population()
+        return pop, pop
+    train_seed, test_seed = data_seeds(config.seed)
+    return task.sample(config.n_train, train_seed), task.sample(config.n_test, test_seed)
+
+
+@torch.no_grad()
+def evaluate(model: WalkTransformer, task: Task, batch: Batch) -> dict[str, float]:
+    """Accuracy and mean parent attention of ``model`` on ``batch`` (exact with weights)."""
+    store: dict[str, torch.Tensor] = {}
+    scores = _scores_and_pattern(model, batch.tokens, store)
+    return {
+        "accuracy": accuracy(scores, batch.labels, batch.weights),
+        "parent_attention": parent_attention(store["pattern"], task.parent_positions(), batch.weights),
+    }
+
+
+def _scores_and_pattern(model: WalkTransformer, tokens: torch.Tensor, store: dict) -> torch.Tensor:
+    def grab(pattern: torch.Tensor, hook: Any) -> None:
+        store["pattern"] = pattern[:, 0, 0, :].detach()
+
+    return model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_pattern", grab)])[:, 0, :]
+
+
+def _optimizer(model: WalkTransformer, config: TrainConfig) -> torch.optim.Optimizer:
+    u = model.u
+    others = [p for p in model.parameters() if p is not u]
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    # Gradient descent on W moves u by ||x~_N||^2 times the gradient step on u.
+    return torch.optim.SGD(
+        [{"params": others, "lr": config.lr}, {"params": [u], "lr": config.lr * model.u_lr_scale()}],
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+    )
+
+
+def _v_distance(model: WalkTransformer, task: Task) -> Optional[float]:
+    Pi = getattr(task, "transition_matrix", None)
+    if Pi is None or model.V.shape[0] != model.cfg.n_states:
+        return None
+    d = transition_distance(model.V, Pi())
+    return None if math.isnan(d) else d
+
+
+def train(
+    model: WalkTransformer,
+    task: Task,
+    config: TrainConfig,
+    data: Optional[tuple[Batch, Batch]] = None,
+    progress: Optional[bool] = None,
+) -> TrainResult:
+    """Train ``model`` in place on ``task``; returns the per-step history.
+
+    ``data`` (train, test) defaults to :func:`make_data`. ``progress=None`` shows a bar only on a
+    terminal. Raises :class:`TrainingDiverged` (with the history so far) if the loss stops being
+    finite; the model then holds the parameters of the last step whose loss was finite.
+    """
+    require(model.cfg.n_states == task.n_states,
+            f"the model has K={model.cfg.n_states} states but the task has {task.n_states}")
+    require(model.cfg.n_ctx == task.seq_len,
+            f"the model has N={model.cfg.n_ctx} positions but the task has {task.seq_len}")
+    train_data, test_data = data if data is not None else make_data(task, config)
+    result = TrainResult(bayes_accuracy=task.bayes_accuracy())
+    optimizer = _optimizer(model, config)
+    parents = task.parent_positions()
+    full_batch = config.optimizer == "gd" or config.batch_size is None
+    gen = torch.Generator().manual_seed(data_seeds(config.seed)[0] + 1)
+    model.train()
+    start = time.perf_counter()
+    bar = tqdm(range(config.steps + 1), desc="train", disable=(None if progress is None else not progress),
+               leave=False)
+    last_good = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    for step in bar:
+        store: dict[str, torch.Tensor] = {}
+        scores = _scores_and_pattern(model, train_data.tokens, store)
+        loss = losses.loss(config.loss, scores, train_data.labels, train_data.weights, config.eps)
+        loss_value = float(loss.detach())
+        if not math.isfinite(loss_value):
+            model.load_state_dict(last_good)
+            result.train_seconds = time.perf_counter() - start
+            where = ("at initialisation" if step == 0
+                     else f"at step {step}; the model keeps the state after step {step - 1}")
+            raise TrainingDiverged(f"the loss became {loss_value} {where}", result)
+        with torch.no_grad():
+            test_scores = scores if test_data is train_data else _scores_and_pattern(model, test_data.tokens, store)
+        record = {
+            "step": step,
+            "loss": loss_value,
+            "train_accuracy": accuracy(scores.detach(), train_data.labels, train_data.weights),
+            "test_accuracy": accuracy(test_scores.detach(), test_data.labels, test_data.weights),
+            "parent_attention": parent_attention(store["pattern"], parents, test_data.weights),
+            "v_distance": _v_distance(model, task),
+        }
+        result.history.append(record)
+        bar.set_postfix(loss=f"{loss_value:.4f}", acc=f"{record['test_accuracy']:.3f}")
+        if step == config.steps:
+            break
+        last_good = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        optimizer.zero_grad(set_to_none=True)
+        if not full_batch:
+            idx = torch.randint(len(train_data), (config.batch_size,), generator=gen)
+            mini = train_data[idx]
+            loss = losses.loss(config.loss, model(mini.tokens)[:, 0, :], mini.labels, mini.weights, config.eps)
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    result.train_seconds = time.perf_counter() - start
+    return result

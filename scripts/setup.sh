@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up a virtual environment in .venv with the CPU build of torch and rwinterp (editable).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+# torch first, pinned: an unpinned torch requirement would pull a multi-GB CUDA build.
+.venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+.venv/bin/pip install -q --disable-pip-version-check -e .

@@ -1,0 +1,183 @@
+"""The paper's model: exact forward, TransformerLens compatibility, closed-form gradients."""
+
+import math
+
+import pytest
+import torch
+import transformer_lens.patching as tl_patching
+from transformer_lens import ActivationCache
+from transformer_lens.model_protocol import TransformerLensModel
+
+from rwinterp.config import WalkTransformerConfig
+from rwinterp.errors import RwinterpError
+from rwinterp.model import WalkTransformer, positional_embeddings, predict
+from rwinterp.tasks import CircleWalk
+
+
+def small(**kw):
+    cfg = dict(n_states=5, n_ctx=9, pos_dim=24, init="gaussian", init_sigma=0.3, seed=3)
+    cfg.update(kw)
+    return WalkTransformer(WalkTransformerConfig(**cfg))
+
+
+def reference_scores(model, tokens):
+    """f(X) = V X softmax(X~^T W x~_N), written out with explicit matrices."""
+    cfg = model.cfg
+    K, N = cfg.n_states, cfg.n_ctx
+    X = torch.nn.functional.one_hot(tokens, K + 1)[..., :K].to(cfg.dtype)  # [b, N, K], query row 0
+    P = positional_embeddings(cfg.pos_embedding, N, cfg.pos_dim).to(cfg.dtype)
+    Xt = torch.cat([X, P.expand(len(tokens), -1, -1)], dim=-1)  # x~_i
+    keys = Xt / Xt.norm(dim=-1, keepdim=True) if cfg.normalize_tokens else Xt
+    q = keys[0, -1]
+    S = torch.softmax(keys @ (model.W @ q), dim=-1)
+    h = torch.einsum("bn,bnk->bk", S, X)
+    out = h @ model.V.T
+    if cfg.mlp_width is not None:
+        out = torch.relu(out) @ model.A.T
+    return out
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("pe", ["orthogonal", "sine"])
+@pytest.mark.parametrize("mlp", [None, 7])
+def test_forward_matches_the_paper_formula(normalize, pe, mlp):
+    model = small(normalize_tokens=normalize, pos_embedding=pe, mlp_width=mlp)
+    tokens = CircleWalk(5, 0.6, 9).sample(64, 0).tokens
+    expected = reference_scores(model, tokens)
+    fast = model(tokens)[:, 0]
+    dense, cache = model.run_with_cache(tokens)  # hooks on the embeddings force the dense path
+    assert torch.allclose(fast, expected, atol=1e-12, rtol=1e-10)
+    assert torch.allclose(dense[:, 0], expected, atol=1e-12, rtol=1e-10)
+
+
+def test_positional_embeddings_have_gram_matrix_M_over_2():
+    for kind in ("orthogonal", "sine"):
+        P = positional_embeddings(kind, 30, 200)
+        gram = P @ P.T
+        assert torch.allclose(gram, 100 * torch.eye(30, dtype=gram.dtype), atol=1e-9)
+    P = positional_embeddings("orthogonal", 30, 200)
+    assert torch.equal(P @ P.T, 100 * torch.eye(30, dtype=P.dtype))  # exactly, in floating point
+
+
+def test_transformer_lens_protocol_cache_and_hook_shapes():
+    model = small()
+    assert isinstance(model, TransformerLensModel)
+    tokens = CircleWalk(5, 0.6, 9).sample(4, 0).tokens
+    logits, cache = model.run_with_cache(tokens)
+    assert isinstance(cache, ActivationCache)
+    D = 5 + 24
+    shapes = {
+        "hook_embed": (4, 9, D), "hook_pos_embed": (4, 9, D), "blocks.0.hook_resid_pre": (4, 9, D),
+        "blocks.0.attn.hook_v": (4, 9, 1, 5), "blocks.0.attn.hook_attn_scores": (4, 1, 1, 9),
+        "blocks.0.attn.hook_pattern": (4, 1, 1, 9), "blocks.0.attn.hook_z": (4, 1, 1, 5),
+        "blocks.0.hook_attn_out": (4, 1, D), "blocks.0.hook_resid_post": (4, 1, D),
+    }
+    for name, shape in shapes.items():
+        assert tuple(cache[name].shape) == shape, name
+    assert logits.shape == (4, 1, 5)
+    # Pre-softmax scores, post-softmax pattern.
+    assert torch.allclose(cache["pattern", 0][:, 0, 0], torch.softmax(cache["attn_scores", 0][:, 0, 0], -1))
+    # run_with_hooks can intervene: zeroing V's output zeroes f.
+    out = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: z * 0)])
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_weights_in_transformer_lens_form():
+    model = small()
+    cfg = model.cfg
+    tokens = CircleWalk(5, 0.6, 9).sample(8, 1).tokens
+    _, cache = model.run_with_cache(tokens)
+    resid = cache["resid_pre", 0]
+    # Attention scores: query . W_Q W_K^T . key, on the model's domain (query slot).
+    q = resid[0, -1]
+    scores = resid @ model.QK.AB[0, 0].T @ q
+    assert torch.allclose(scores, cache["attn_scores", 0][:, 0, 0], atol=1e-10)
+    # QK equals W^T applied to the query.
+    assert torch.allclose(model.QK.AB[0, 0] .T @ q, model.W @ q, atol=1e-10)
+    # Full OV circuit on the states is V^T (row = current state, column = output).
+    full_ov = model.W_E[: cfg.n_states] @ model.OV.AB[0, 0] @ model.W_U
+    assert torch.allclose(full_ov, model.V.T)
+    # Embedding views build resid_pre.
+    assert torch.allclose(model.W_E[tokens] + model.W_pos, resid)
+
+
+def test_prediction_breaks_ties_towards_the_smallest_label():
+    scores = torch.tensor([[1.0, 3.0, 3.0 + 1e-15, 0.0], [0.0, 0.0, 0.0, 0.0], [2.0, 1.0, 5.0, 5.5]],
+                          dtype=torch.float64)
+    assert predict(scores).tolist() == [1, 0, 3]
+
+
+def test_autograd_gradients_equal_the_closed_form():
+    """Lemma B.1: dL/dV = E[g e_y (X S)^T], dL/dW = E[X~ (diag S - S S^T) X^T V^T g e_y x~_N^T]."""
+    model = small(n_states=6, n_ctx=11, pos_dim=30, init_sigma=0.2)
+    eps = 5.0  # keeps f_y + eps > 0 for a random model
+    batch = CircleWalk(6, 0.7, 11).sample(50, 4)
+    f = model(batch.tokens)[:, 0]
+    loss = -torch.log(f.gather(1, batch.labels[:, None]) + eps).mean()
+    loss.backward()
+    auto_V = model.V.grad.clone()
+    auto_W = torch.outer(model.u.grad, model.query_vector())  # u = W x~_N, so dL/dW = dL/du x~_N^T
+
+    cfg = model.cfg
+    K, N, n = cfg.n_states, cfg.n_ctx, len(batch)
+    with torch.no_grad():
+        P = positional_embeddings("orthogonal", N, cfg.pos_dim).to(cfg.dtype)
+        W, V = model.W, model.V
+        closed_V = torch.zeros_like(V)
+        closed_W = torch.zeros_like(W)
+        for b in range(n):
+            X = torch.nn.functional.one_hot(batch.tokens[b], K + 1)[:, :K].T.to(cfg.dtype)  # K x N
+            Xt = torch.cat([X, P.T], dim=0)  # (K+M) x N
+            q = Xt[:, -1]
+            S = torch.softmax(Xt.T @ W @ q, dim=0)
+            y = batch.labels[b]
+            fy = (V @ X @ S)[y]
+            g = -1.0 / (fy + eps) / n  # dl/df_y
+            e_y = torch.zeros(K, dtype=cfg.dtype)
+            e_y[y] = 1
+            closed_V += g * torch.outer(e_y, X @ S)
+            closed_W += g * torch.outer(Xt @ (torch.diag(S) - torch.outer(S, S)) @ X.T @ V.T @ e_y, q)
+    assert torch.allclose(auto_V, closed_V, atol=1e-12)
+    assert torch.allclose(auto_W, closed_W, atol=1e-12)
+    assert closed_W.abs().max() > 1e-6  # a non-trivial check
+
+
+def test_bad_model_configs():
+    with pytest.raises(RwinterpError, match="M >= N"):
+        WalkTransformerConfig(n_states=6, n_ctx=97, pos_dim=50)
+    with pytest.raises(RwinterpError, match="M > N"):
+        WalkTransformerConfig(n_states=6, n_ctx=97, pos_dim=97, pos_embedding="sine")
+    with pytest.raises(RwinterpError, match="dtype"):
+        WalkTransformerConfig(dtype="float16")
+    model = small()
+    with pytest.raises(RwinterpError, match="tokens must have shape"):
+        model(torch.zeros(2, 5, dtype=torch.long))
+    with pytest.raises(RwinterpError, match="tokens must lie"):
+        model(torch.full((2, 9), 7, dtype=torch.long))
+
+
+def test_transformer_lens_patching_runs_unchanged(trained_paper_models):
+    """transformer_lens.patching on the trained model: only the parent's residual stream matters."""
+    model, task, _ = trained_paper_models[0.7]
+    clean = task.sample(40, 11)
+    corrupted = task.sample(40, 12)
+    _, clean_cache = model.run_with_cache(clean.tokens)
+    labels = clean.labels
+
+    def metric(logits):
+        return logits[torch.arange(len(labels)), 0, labels].mean()
+
+    with torch.no_grad():
+        clean_value = metric(model(clean.tokens))
+        corrupt_value = metric(model(corrupted.tokens))
+    resid = tl_patching.get_act_patch_resid_pre(model, corrupted.tokens, clean_cache, metric)
+    assert resid.shape == (1, task.seq_len)
+    parent = task.parent_positions()[0]
+    assert resid[0, parent].item() == pytest.approx(clean_value.item(), rel=1e-3)
+    others = torch.cat([resid[0, :parent], resid[0, parent + 1:]])
+    assert torch.allclose(others, corrupt_value.to(others.dtype), rtol=1e-2, atol=1e-3)
+    pattern = tl_patching.get_act_patch_attn_head_pattern_all_pos(model, corrupted.tokens, clean_cache, metric)
+    z = tl_patching.get_act_patch_attn_head_out_all_pos(model, corrupted.tokens, clean_cache, metric)
+    assert pattern.shape == (1, 1) and z.shape == (1, 1)
+    assert z.item() == pytest.approx(clean_value.item(), rel=1e-6)  # z is the whole output
+    assert math.isfinite(pattern.item())

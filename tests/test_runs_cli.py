@@ -1,0 +1,116 @@
+"""Saved runs and the command line: round trips, JSON output, one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rwinterp.cli import main
+from rwinterp.errors import RwinterpError
+from rwinterp.runs import load_run, save_run
+from rwinterp.tasks import CircleWalk
+from rwinterp.training import TrainConfig, train
+from tests.conftest import paper_model
+
+SMALL = ["--K", "5", "--N", "9", "--M", "16", "--steps", "3", "--n-train", "50", "--n-test", "50"]
+
+
+def test_save_and_load_give_identical_outputs(tmp_path):
+    task = CircleWalk(5, 0.7, 9)
+    model = paper_model(task, pos_dim=16, init="gaussian", mlp_width=4, seed=2)
+    cfg = TrainConfig(steps=3, lr=0.1, eps=1.0, n_train=40, n_test=40)
+    result = train(model, task, cfg, progress=False)
+    save_run(tmp_path / "run", model, task, cfg.to_dict(), result.history, {"x": 1})
+    run = load_run(tmp_path / "run")
+    tokens = task.sample(30, 5).tokens
+    assert torch.equal(run.model(tokens), model(tokens))
+    assert torch.equal(run.model.W, model.W)
+    assert run.history == result.history and run.task.to_dict() == task.to_dict()
+    assert not run.model.training
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_cli_train_json_and_run_directory(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *SMALL, "--p", "0.7", "--population", "--json", "--out", str(out)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for key in ("test_accuracy", "bayes_accuracy", "parent_attention", "V", "history", "train_seconds"):
+        assert key in data
+    assert data["bayes_accuracy"] == 0.7
+    assert len(data["V"]) == 5 and len(data["V"][0]) == 5
+    assert [h["step"] for h in data["history"]] == [0, 1, 2, 3]
+    assert {"loss", "test_accuracy", "parent_attention"} <= set(data["history"][0])
+    run = load_run(out)
+    assert torch.allclose(run.model.V.detach(), torch.tensor(data["V"], dtype=torch.float64))
+    # Population accuracy is exact: recompute it from the loaded model.
+    pop = run.task.population()
+    from rwinterp.metrics import accuracy
+
+    assert accuracy(run.model(pop.tokens)[:, 0].detach(), pop.labels, pop.weights) == data["test_accuracy"]
+    # Same command, same numbers.
+    assert main(["train", *SMALL, "--p", "0.7", "--population", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["history"] == data["history"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--p", "1.5"], "p must lie in [0, 1]"),
+        (["--K", "2"], "K must be an integer >= 3"),
+        (["--N", "1"], "N must be an integer >= 2"),
+        (["--M", "5"], "M >= N"),
+        (["--lr", "0"], "lr must be positive"),
+        (["--eps", "-1"], "eps must be positive"),
+        (["--N", "40", "--population"], "population mode would enumerate"),
+        (["--steps", "x"], "invalid int value"),
+    ],
+)
+def test_cli_bad_input_is_one_line(args, message, capsys):
+    argv = ["train", *SMALL, *args]
+    code = main(argv) if "x" not in args else pytest.raises(SystemExit, main, argv).value.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cli_diverging_loss(capsys):
+    code = main(["train", *SMALL, "--lr", "1e200", "--loss", "squared", "--population"])
+    err = capsys.readouterr().err
+    assert code == 1 and "at step 1" in err and err.count("\n") == 1
+
+
+def test_unreadable_and_mismatched_runs(tmp_path):
+    with pytest.raises(RwinterpError, match="not a run directory"):
+        load_run(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RwinterpError, match="missing config.json"):
+        load_run(tmp_path / "empty")
+    task = CircleWalk(5, 0.7, 9)
+    model = paper_model(task, pos_dim=16)
+    run = save_run(tmp_path / "run", model, task, {}, [], {})
+    config = json.loads((run / "config.json").read_text())
+    config["task"]["K"] = 6
+    (run / "config.json").write_text(json.dumps(config))
+    with pytest.raises(RwinterpError, match="mismatched run"):
+        load_run(run)
+    config["task"]["K"] = 5
+    config["model"]["pos_dim"] = 20
+    (run / "config.json").write_text(json.dumps(config))
+    with pytest.raises(RwinterpError, match="mismatched weights"):
+        load_run(run)
+    (run / "config.json").write_text("{not json")
+    with pytest.raises(RwinterpError, match="unreadable"):
+        load_run(run)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("keep me")
+    with pytest.raises(RwinterpError, match="not a run directory"):
+        save_run(tmp_path / "other", model, task, {}, [], {})
+
+
+def test_console_module_reports_one_line_errors():
+    proc = subprocess.run([sys.executable, "-m", "rwinterp.cli", "train", "--p", "2"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.strip() == "rwinterp: error: p must lie in [0, 1], got 2.0"

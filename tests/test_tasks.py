@@ -1,0 +1,99 @@
+import math
+
+import pytest
+import torch
+
+from rwinterp.errors import RwinterpError
+from rwinterp.tasks import MAX_POPULATION, CircleWalk, MarkovChain, task_from_dict
+
+
+def test_circle_transition_matrix_is_circulant_and_stochastic():
+    task = CircleWalk(5, 0.3, 8)
+    Pi = task.transition_matrix()
+    assert torch.allclose(Pi.sum(1), torch.ones(5, dtype=Pi.dtype))
+    for i in range(5):
+        assert Pi[i, (i + 1) % 5] == 0.3 and Pi[i, (i - 1) % 5] == pytest.approx(0.7)
+        assert torch.equal(Pi[i], torch.roll(Pi[0], i))  # circulant
+    # The uniform start is stationary.
+    assert torch.allclose(torch.full((5,), 0.2, dtype=Pi.dtype) @ Pi, torch.full((5,), 0.2, dtype=Pi.dtype))
+
+
+@pytest.mark.parametrize("p", [0.0, 0.2, 0.5, 0.9, 1.0])
+def test_bayes_accuracy_is_max_p(p):
+    task = CircleWalk(6, p, 10)
+    assert task.bayes_accuracy() == max(p, 1 - p)
+    # The generic Markov-chain formula agrees.
+    assert MarkovChain.bayes_accuracy(task) == pytest.approx(max(p, 1 - p))
+
+
+def test_sampling_is_seeded_and_walks_move_by_one():
+    task = CircleWalk(6, 0.7, 20)
+    a, b, c = task.sample(500, 1), task.sample(500, 1), task.sample(500, 2)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.labels, b.labels)
+    assert not torch.equal(a.tokens, c.tokens)
+    assert (a.tokens[:, -1] == task.query_token).all()
+    assert torch.equal(a.states[:, :-1], a.tokens[:, :-1]) and torch.equal(a.states[:, -1], a.labels)
+    steps = (a.states[:, 1:] - a.states[:, :-1]) % 6
+    assert set(steps.unique().tolist()) <= {1, 5}
+    # Share of +1 steps within 4 standard errors of p.
+    n = steps.numel()
+    share = (steps == 1).double().mean().item()
+    assert abs(share - 0.7) < 4 * math.sqrt(0.7 * 0.3 / n)
+
+
+def test_population_enumerates_every_walk_with_its_probability():
+    task = CircleWalk(4, 0.7, 6)
+    pop = task.population()
+    assert len(pop) == 4 * 2**5 == task.population_size()
+    assert pop.weights.sum().item() == pytest.approx(1.0, abs=1e-12)
+    assert len({tuple(s) for s in pop.states.tolist()}) == len(pop)
+    # Label distribution given the parent matches Pi exactly.
+    parent = pop.tokens[:, -2]
+    for s in range(4):
+        mask = parent == s
+        for y in range(4):
+            joint = pop.weights[mask & (pop.labels == y)].sum() / pop.weights[mask].sum()
+            assert joint.item() == pytest.approx(task.transition_matrix()[s, y].item(), abs=1e-12)
+
+
+def test_deterministic_population_keeps_only_possible_walks():
+    task = CircleWalk(5, 1.0, 41)  # far too long to enumerate 5 * 2^40 walks, but only 5 are possible
+    pop = task.population()
+    assert len(pop) == 5 and torch.allclose(pop.weights, torch.full((5,), 0.2, dtype=torch.float64))
+
+
+def test_population_too_large_is_refused():
+    task = CircleWalk(6, 0.5, 40)
+    assert task.population_size() > MAX_POPULATION
+    with pytest.raises(RwinterpError, match="population mode would enumerate"):
+        task.population()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [((2, 0.5, 10), "K must be"), ((6, 1.5, 10), "p must lie"), ((6, -0.1, 10), "p must lie"),
+     ((6, 0.5, 1), "N must be")],
+)
+def test_bad_circle_parameters(args, message):
+    with pytest.raises(RwinterpError, match=message):
+        CircleWalk(*args)
+
+
+@pytest.mark.parametrize(
+    "matrix, message",
+    [([[0.5, 0.4], [0.5, 0.5]], "sum to 1"), ([[1.5, -0.5], [0.5, 0.5]], "non-negative"),
+     ([[1.0, 0.0, 0.0]], "square")],
+)
+def test_bad_transition_matrices(matrix, message):
+    with pytest.raises(RwinterpError, match=message):
+        MarkovChain(matrix, 5)
+
+
+def test_task_round_trips_through_dict():
+    task = CircleWalk(7, 0.25, 12)
+    again = task_from_dict(task.to_dict())
+    assert isinstance(again, CircleWalk) and again.to_dict() == task.to_dict()
+    chain = MarkovChain([[0.1, 0.9], [0.6, 0.4]], 5, initial=[0.3, 0.7])
+    assert torch.equal(task_from_dict(chain.to_dict()).transition_matrix(), chain.transition_matrix())
+    with pytest.raises(RwinterpError, match="unknown task kind"):
+        task_from_dict({"kind": "nope"})

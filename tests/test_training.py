@@ -1,0 +1,118 @@
+"""Training against the paper's theory (PAPER.md section 3)."""
+
+import math
+
+import pytest
+import torch
+
+from rwinterp.metrics import accuracy
+from rwinterp.tasks import CircleWalk
+from rwinterp.training import TrainConfig, TrainingDiverged, train
+from tests.conftest import paper_model
+
+
+def test_one_population_step_gives_the_closed_form_V():
+    """After one step from zero init: W = 0 and V = lr/(eps N K) sum_{i=1}^{N-1} (Pi^T)^{N-i}."""
+    K, N, lr, eps = 5, 9, 0.7, 0.1
+    task = CircleWalk(K, 0.7, N)
+    model = paper_model(task, pos_dim=16)
+    train(model, task, TrainConfig(lr=lr, eps=eps, steps=1, population=True), progress=False)
+    Pi_T = task.transition_matrix().T
+    expected = sum(torch.linalg.matrix_power(Pi_T, N - i) for i in range(1, N)) * lr / (eps * N * K)
+    assert torch.allclose(model.V.detach(), expected, atol=1e-13)
+    assert torch.count_nonzero(model.W) == 0
+    # V^(1) is circulant and its largest entry sits where Pi^T has p.
+    V = model.V.detach()
+    for i in range(K):
+        assert torch.allclose(V[:, i], torch.roll(V[:, 0], i))
+        assert V[:, i].argmax().item() == (i + 1) % K
+
+
+def test_gradient_descent_on_u_is_gradient_descent_on_W():
+    """Two explicit W-space GD steps, computed by hand, give the model's W."""
+    task = CircleWalk(5, 0.7, 9)
+    model = paper_model(task, pos_dim=16, init="gaussian", init_sigma=0.05, seed=1)
+    ref = paper_model(task, pos_dim=16, init="gaussian", init_sigma=0.05, seed=1)
+    W = ref.W.clone().requires_grad_(True)
+    V = ref.V.detach().clone().requires_grad_(True)
+    cfg = TrainConfig(lr=0.5, eps=1.0, steps=2, population=True)
+    pop = task.population()
+    for _ in range(2):
+        with torch.no_grad():
+            ref.attn.V.copy_(V)
+            ref.attn.u.copy_(W @ ref.query_vector())
+        X = torch.nn.functional.one_hot(pop.tokens, 6)[..., :5].double()
+        Xt = torch.cat([X, ref.W_pos[:, 5:].expand(len(pop), -1, -1)], -1)
+        S = torch.softmax(Xt @ (W @ ref.query_vector()), -1)
+        f = torch.einsum("bn,bnk->bk", S, X) @ V.T
+        loss = -(pop.weights * torch.log(f.gather(1, pop.labels[:, None])[:, 0] + 1.0)).sum()
+        gW, gV = torch.autograd.grad(loss, [W, V])
+        with torch.no_grad():
+            W -= 0.5 * gW
+            V -= 0.5 * gV
+    train(model, task, cfg, progress=False)
+    assert torch.allclose(model.W, W.detach(), atol=1e-12)
+    assert torch.allclose(model.V.detach(), V.detach(), atol=1e-12)
+
+
+@pytest.mark.parametrize("loss", ["log", "xent", "squared"])
+def test_theorem_4_1_deterministic_walk_never_breaks_symmetry(loss):
+    """p = 1, N = rK + 1, zero init, population GD, any loss: uniform attention over the real tokens,
+    V proportional to all-ones and accuracy exactly 1/K, at every step."""
+    K, r = 4, 3
+    N = r * K + 1
+    task = CircleWalk(K, 1.0, N)
+    model = paper_model(task, pos_dim=32)
+    pop = task.population()
+    for step in range(6):
+        train(model, task, TrainConfig(lr=1.0, steps=1, loss=loss, population=True), progress=False)
+        pattern = model.attention(pop.tokens).detach()
+        real = pattern[:, : N - 1]
+        assert torch.allclose(real, real[:, :1].expand_as(real), rtol=1e-12, atol=0), step
+        V = model.V.detach()
+        # Proportional to all-ones (for cross-entropy the constant stays 0 up to round-off).
+        assert (V.max() - V.min()).item() <= 1e-12 * V.abs().max().item() + 1e-15, step
+        if loss != "xent":
+            assert V.abs().min() > 0
+        f = model(pop.tokens)[:, 0].detach()
+        assert accuracy(f, pop.labels, pop.weights) == pytest.approx(1 / K, abs=1e-12)
+
+
+@pytest.mark.parametrize("p", [0.5, 0.7])
+def test_paper_setting_reaches_bayes_accuracy_and_attends_to_the_parent(trained_paper_models, p):
+    model, task, result = trained_paper_models[p]
+    final = result.final
+    bayes = max(p, 1 - p)
+    se = math.sqrt(bayes * (1 - bayes) / 1000)
+    assert abs(final["test_accuracy"] - bayes) < 3 * se
+    assert final["parent_attention"] > 0.99
+    assert final["v_distance"] < 0.35
+    # The step-2 lock-on: by step 3 attention is on the parent.
+    assert result.history[3]["parent_attention"] > 0.9
+
+
+def test_training_is_reproducible():
+    task = CircleWalk(6, 0.7, 17)
+    runs = []
+    for _ in range(2):
+        model = paper_model(task, pos_dim=64, init="gaussian", seed=5)
+        runs.append((train(model, task, TrainConfig(steps=5, seed=9), progress=False).history, model.V.detach()))
+    assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
+
+
+def test_a_diverging_loss_stops_and_keeps_the_last_good_state():
+    task = CircleWalk(4, 0.7, 9)
+    model = paper_model(task, pos_dim=16)
+    with pytest.raises(TrainingDiverged, match="at step 1; the model keeps the state after step 0"):
+        train(model, task, TrainConfig(lr=1e200, loss="squared", steps=3, population=True), progress=False)
+    assert torch.count_nonzero(model.V) == 0  # the state after step 0 is the zero initialisation
+
+
+@pytest.mark.parametrize("optimizer, extra", [("sgd", {"batch_size": 64}), ("adamw", {"lr": 0.05})])
+def test_other_optimizers_learn_the_walk(optimizer, extra):
+    task = CircleWalk(5, 0.8, 17)
+    model = paper_model(task, pos_dim=64)
+    cfg = dict(steps=40, optimizer=optimizer, n_train=300, n_test=500, loss="xent")
+    cfg.update(extra)
+    result = train(model, task, TrainConfig(**cfg), progress=False)
+    assert result.final["test_accuracy"] > 0.7
