@@ -163,7 +163,20 @@ def _train(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------- entry
+#: Modules that register further sub-commands with :func:`command` (imported lazily, so they must
+#: keep heavy imports inside their handlers).
+COMMAND_MODULES = ("probes.cli", "experiments.cli")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    for module in COMMAND_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
     parser = _Parser(prog="rwinterp", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     handlers = {}
