@@ -52,7 +52,7 @@ tokens directly (``u_tok[x_i] + p_i . u_pos``) without building ``[batch, pos, d
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -116,14 +116,27 @@ class WalkAttention(nn.Module):
     def forward(
         self,
         keys_in: Float[Tensor, "batch pos"],
-        token_part: Float[Tensor, "batch pos K"],
+        tokens: Int[Tensor, "batch pos"],
+        token_part: Optional[Float[Tensor, "batch pos K"]] = None,
     ) -> Float[Tensor, "batch 1 1 d_head"]:
-        """``keys_in[b, i] = x~_i . u`` (already normalised if configured); ``token_part`` is X^T."""
-        v = torch.einsum("bpk,hk->bph", token_part, self.V)[:, :, None, :]
-        v = self.hook_v(v)
+        """``keys_in[b, i] = x~_i . u`` (already normalised if configured).
+
+        ``token_part`` (``X^T``, from the residual stream) is given on the dense path; otherwise
+        values are read from the tokens, and when nothing hooks them the weighted sum of values
+        ``V X S`` is formed as ``V (sum_i S_i x_i)`` by a scatter, never building ``[batch, pos, K]``.
+        """
+        K = self.cfg.n_states
         scores = self.hook_attn_scores(keys_in[:, None, None, :])
         pattern = self.hook_pattern(torch.softmax(scores, dim=-1))
-        z = torch.einsum("bhqp,bphd->bqhd", pattern, v)
+        if token_part is None and not self.hook_v.has_hooks():
+            weights = pattern[:, 0, 0, :]
+            summed = weights.new_zeros(weights.shape[0], K + 1).scatter_add_(1, tokens, weights)
+            z = (summed[:, :K] @ self.V.T)[:, None, None, :]
+        else:
+            if token_part is None:
+                token_part = F.one_hot(tokens, K + 1)[..., :K].to(self.V.dtype)
+            v = self.hook_v((token_part @ self.V.T)[:, :, None, :])
+            z = torch.einsum("bhqp,bphd->bqhd", pattern, v)
         return self.hook_z(z)
 
 
@@ -316,9 +329,15 @@ class WalkTransformer(HookedRootModule):
                 f"tokens must have shape [batch, {cfg.n_ctx}], got {list(tokens.shape)}")
         require(not tokens.is_floating_point(), "tokens must be an integer tensor")
         if tokens.numel():
-            require(int(tokens.min()) >= 0 and int(tokens.max()) <= cfg.n_states,
+            low, high = torch.aminmax(tokens)
+            require(int(low) >= 0 and int(high) <= cfg.n_states,
                     f"tokens must lie in [0, {cfg.n_states}] ({cfg.n_states} is the query token)")
         return tokens
+
+    def _dense_outputs(self) -> bool:
+        block = self.blocks[0]
+        names = ("hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
+        return any(getattr(block, n).has_hooks() for n in names if hasattr(block, n))
 
     def _dense_inputs(self) -> bool:
         return any(h.has_hooks() for h in (self.hook_embed, self.hook_pos_embed,
@@ -331,6 +350,7 @@ class WalkTransformer(HookedRootModule):
         block = self.blocks[0]
         u = self.u
         K = cfg.n_states
+        token_part = None
         if self._dense_inputs():
             embed = self.hook_embed(self.W_E[tokens])
             pos = self.hook_pos_embed(self.W_pos.expand(tokens.shape[0], -1, -1))
@@ -342,13 +362,17 @@ class WalkTransformer(HookedRootModule):
         else:
             # x~_i . u = u_tok[x_i] + p_i . u_pos, without building [batch, pos, d_model].
             keys = (self.W_E @ u)[tokens] + (self.W_pos @ u)[None, :]
-            token_part = self.W_E[:, :K][tokens]
             if cfg.normalize_tokens:
                 tok_sq = self.W_E.pow(2).sum(-1)[tokens]
                 pos_sq = self.W_pos.pow(2).sum(-1)[None, :]
                 keys = keys / (tok_sq + pos_sq).sqrt()
-        z = block.attn(keys, token_part)  # [batch, 1, 1, d_head]
-        attn_out = block.hook_attn_out(torch.einsum("bqhd,hdm->bqm", z, self.W_O[0]))
+        z = block.attn(keys, tokens, token_part)  # [batch, 1, 1, d_head]
+        head_out = z[:, :, 0, :]
+        if not self._dense_outputs():
+            # Nothing reads the d_model-wide output stream: skip embedding into it.
+            return head_out if cfg.mlp_width is None else block.mlp(head_out)
+        # W_O writes the head output into the first d_head residual coordinates.
+        attn_out = block.hook_attn_out(F.pad(head_out, (0, cfg.d_model - cfg.d_head)))
         if cfg.mlp_width is None:
             resid_post = block.hook_resid_post(attn_out)
         else:

@@ -70,9 +70,17 @@ def model_kind_of(model: nn.Module) -> str:
     return name
 
 
+#: Model kinds registered by a module of the library, imported when a run of that kind is loaded.
+_KIND_MODULES = {"deep": "rwinterp.deep"}
+
+
 def _kind(name: str) -> ModelKind:
     if name == "walk" and name not in _MODEL_KINDS:
         register_model_kind("walk", _walk_kind())
+    if name in _KIND_MODULES and name not in _MODEL_KINDS:
+        import importlib
+
+        importlib.import_module(_KIND_MODULES[name])
     require(name in _MODEL_KINDS, f"unknown model kind {name!r} in the run's config")
     return _MODEL_KINDS[name]
 

@@ -40,10 +40,19 @@ def register_task(cls: type["Task"]) -> type["Task"]:
     return cls
 
 
+#: Modules of the library that register further task kinds (imported when such a task is rebuilt).
+TASK_MODULES = ("rwinterp.chains",)
+
+
 def task_from_dict(data: dict[str, Any]) -> "Task":
     """Rebuild a task from :meth:`Task.to_dict` output."""
     data = dict(data)
     kind = data.pop("kind", None)
+    if kind not in _TASKS:
+        import importlib
+
+        for module in TASK_MODULES:
+            importlib.import_module(module)
     if kind not in _TASKS:
         raise RwinterpError(f"unknown task kind {kind!r}; known: {', '.join(sorted(_TASKS))}")
     try:
@@ -296,3 +305,13 @@ class CircleWalk(MarkovChain):
 
     def bayes_accuracy(self) -> float:
         return max(self.p, 1.0 - self.p)
+
+    def sample(self, n: int, seed: int) -> Batch:
+        """Vectorised: uniform start, then cumulative +-1 steps mod K."""
+        require(isinstance(n, int) and n >= 1, f"the number of samples must be >= 1, got {n}")
+        gen = torch.Generator().manual_seed(int(seed))
+        uniforms = torch.rand(n, self.seq_len, generator=gen, dtype=torch.float64)
+        start = (uniforms[:, :1] * self.K).floor().clamp(max=self.K - 1).to(torch.long)
+        steps = torch.where(uniforms[:, 1:] < self.p, 1, -1)
+        states = torch.cat([start, start + steps.cumsum(dim=1)], dim=1) % self.K
+        return self._batch_from_states(states)

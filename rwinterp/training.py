@@ -9,6 +9,15 @@ options, as are softmax cross-entropy and squared losses.
 
 Every step records the loss, train and test accuracy, the mean attention on the parent position
 and the distance of V to Pi^T; a diverging loss stops training with the last good state kept.
+
+The same loop trains any hooked model with the paper's interface (``cfg.n_states``, ``cfg.n_ctx``,
+``cfg.n_layers``, ``cfg.n_heads``, logits ``[batch, pos, K]`` whose last row is the query slot, and
+``blocks.L.attn.hook_pattern``), such as :class:`rwinterp.deep.DeepTransformer`: models without the
+paper's ``u`` are trained on all their parameters with the plain learning rate. With
+``next_token=True`` a model that predicts at every position (causal attention) is trained on
+next-state prediction: position t predicts s_{t+2} (the walk's next state) and the query slot the
+label, each position's loss averaged. Models with several heads also record the parent attention
+of every layer and head (``parent_attention_heads``).
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -46,6 +55,7 @@ class TrainConfig:
     n_test: int = 1000
     population: bool = False
     seed: int = 0
+    next_token: bool = False
 
     def __post_init__(self) -> None:
         require(isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0,
@@ -112,26 +122,48 @@ def make_data(task: Task, config: TrainConfig) -> tuple[Batch, Batch]:
 @torch.no_grad()
 def evaluate(model: WalkTransformer, task: Task, batch: Batch) -> dict[str, float]:
     """Accuracy and mean parent attention of ``model`` on ``batch`` (exact with weights)."""
-    store: dict[str, torch.Tensor] = {}
-    scores = _scores_and_pattern(model, batch.tokens, store)
+    store: dict[str, Any] = {}
+    scores = _logits_and_pattern(model, batch.tokens, store)[:, -1, :]
     return {
         "accuracy": accuracy(scores, batch.labels, batch.weights),
         "parent_attention": parent_attention(store["pattern"], task.parent_positions(), batch.weights),
     }
 
 
-def _scores_and_pattern(model: WalkTransformer, tokens: torch.Tensor, store: dict) -> torch.Tensor:
-    def grab(pattern: torch.Tensor, hook: Any) -> None:
-        store["pattern"] = pattern[:, 0, 0, :].detach()
+def _logits_and_pattern(model: WalkTransformer, tokens: torch.Tensor, store: dict) -> torch.Tensor:
+    """Logits; ``store["heads"][L]`` gets the query slot's attention ``[batch, heads, pos]`` of layer
+    L and ``store["pattern"]`` that of the first head (the paper's model has only that one)."""
+    heads: list[torch.Tensor] = []
+    store["heads"] = heads
 
-    return model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_pattern", grab)])[:, 0, :]
+    def grab(pattern: torch.Tensor, hook: Any) -> None:
+        heads.append(pattern[:, :, -1, :].detach())
+
+    hooks = [(f"blocks.{layer}.attn.hook_pattern", grab) for layer in range(model.cfg.n_layers)]
+    logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+    store["pattern"] = heads[0][:, 0]
+    return logits
+
+
+def objective(config: TrainConfig, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """The training loss: on the query slot's scores, or (``next_token``) on every position's."""
+    if not config.next_token:
+        return losses.loss(config.loss, logits[:, -1, :], batch.labels, batch.weights, config.eps)
+    require(logits.shape[1] == batch.tokens.shape[1],
+            "next-token training needs a model that predicts at every position (attention='causal')")
+    require(batch.states is not None, "next-token training needs a task that provides whole walks")
+    targets = torch.cat([batch.states[:, 1:], batch.labels[:, None]], dim=1)
+    per_position = losses.per_sample_loss(config.loss, logits.flatten(0, 1), targets.flatten(), config.eps)
+    return losses.average(per_position.view(targets.shape).mean(1), batch.weights)
 
 
 def _optimizer(model: WalkTransformer, config: TrainConfig) -> torch.optim.Optimizer:
-    u = model.u
-    others = [p for p in model.parameters() if p is not u]
     if config.optimizer == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    u = getattr(model, "u", None)
+    if not isinstance(u, torch.nn.Parameter):  # a model that stores its weights as they are
+        return torch.optim.SGD(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    others = [p for p in model.parameters() if p is not u]
     # Gradient descent on W moves u by ||x~_N||^2 times the gradient step on u.
     return torch.optim.SGD(
         [{"params": others, "lr": config.lr}, {"params": [u], "lr": config.lr * model.u_lr_scale()}],
@@ -142,9 +174,10 @@ def _optimizer(model: WalkTransformer, config: TrainConfig) -> torch.optim.Optim
 
 def _v_distance(model: WalkTransformer, task: Task) -> Optional[float]:
     Pi = getattr(task, "transition_matrix", None)
-    if Pi is None or model.V.shape[0] != model.cfg.n_states:
+    V = getattr(model, "V", None)
+    if Pi is None or V is None or V.shape[0] != model.cfg.n_states:
         return None
-    d = transition_distance(model.V, Pi())
+    d = transition_distance(V, Pi())
     return None if math.isnan(d) else d
 
 
@@ -154,11 +187,14 @@ def train(
     config: TrainConfig,
     data: Optional[tuple[Batch, Batch]] = None,
     progress: Optional[bool] = None,
+    callback: Optional[Callable[[int, WalkTransformer, dict[str, Any]], None]] = None,
 ) -> TrainResult:
     """Train ``model`` in place on ``task``; returns the per-step history.
 
     ``data`` (train, test) defaults to :func:`make_data`. ``progress=None`` shows a bar only on a
-    terminal. Raises :class:`TrainingDiverged` (with the history so far) if the loss stops being
+    terminal. ``callback(step, model, record)``, if given, runs after each step's record is taken,
+    while the model still holds that step's parameters (step 0: the initial model); it must not
+    change the model. Raises :class:`TrainingDiverged` (with the history so far) if the loss stops being
     finite; the model then holds the parameters of the last step whose loss was finite.
     """
     require(model.cfg.n_states == task.n_states,
@@ -177,9 +213,10 @@ def train(
                leave=False)
     last_good = {k: v.detach().clone() for k, v in model.state_dict().items()}
     for step in bar:
-        store: dict[str, torch.Tensor] = {}
-        scores = _scores_and_pattern(model, train_data.tokens, store)
-        loss = losses.loss(config.loss, scores, train_data.labels, train_data.weights, config.eps)
+        store: dict[str, Any] = {}
+        logits = _logits_and_pattern(model, train_data.tokens, store)
+        scores = logits[:, -1, :]
+        loss = objective(config, logits, train_data)
         loss_value = float(loss.detach())
         if not math.isfinite(loss_value):
             model.load_state_dict(last_good)
@@ -188,7 +225,8 @@ def train(
                      else f"at step {step}; the model keeps the state after step {step - 1}")
             raise TrainingDiverged(f"the loss became {loss_value} {where}", result)
         with torch.no_grad():
-            test_scores = scores if test_data is train_data else _scores_and_pattern(model, test_data.tokens, store)
+            test_scores = scores if test_data is train_data else _logits_and_pattern(
+                model, test_data.tokens, store)[:, -1, :]
         record = {
             "step": step,
             "loss": loss_value,
@@ -197,7 +235,13 @@ def train(
             "parent_attention": parent_attention(store["pattern"], parents, test_data.weights),
             "v_distance": _v_distance(model, task),
         }
+        if model.cfg.n_layers * model.cfg.n_heads > 1:
+            record["parent_attention_heads"] = [
+                [parent_attention(layer[:, h], parents, test_data.weights) for h in range(layer.shape[1])]
+                for layer in store["heads"]]
         result.history.append(record)
+        if callback is not None:
+            callback(step, model, record)
         bar.set_postfix(loss=f"{loss_value:.4f}", acc=f"{record['test_accuracy']:.3f}")
         if step == config.steps:
             break
@@ -206,7 +250,7 @@ def train(
         if not full_batch:
             idx = torch.randint(len(train_data), (config.batch_size,), generator=gen)
             mini = train_data[idx]
-            loss = losses.loss(config.loss, model(mini.tokens)[:, 0, :], mini.labels, mini.weights, config.eps)
+            loss = objective(config, model(mini.tokens), mini)
         loss.backward()
         optimizer.step()
     model.eval()

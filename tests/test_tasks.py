@@ -97,3 +97,18 @@ def test_task_round_trips_through_dict():
     assert torch.equal(task_from_dict(chain.to_dict()).transition_matrix(), chain.transition_matrix())
     with pytest.raises(RwinterpError, match="unknown task kind"):
         task_from_dict({"kind": "nope"})
+
+
+def test_generic_markov_sampler_matches_its_transition_matrix():
+    Pi = torch.tensor([[0.1, 0.9, 0.0], [0.5, 0.0, 0.5], [0.3, 0.3, 0.4]], dtype=torch.float64)
+    chain = MarkovChain(Pi, 30, initial=[1.0, 0.0, 0.0])
+    batch = chain.sample(400, 3)
+    assert (batch.states[:, 0] == 0).all()
+    prev, nxt = batch.states[:, :-1].flatten(), batch.states[:, 1:].flatten()
+    for i in range(3):
+        from_i = nxt[prev == i]
+        for j in range(3):
+            share = (from_i == j).double().mean().item()
+            se = math.sqrt(max(Pi[i, j].item() * (1 - Pi[i, j].item()), 1e-12) / len(from_i))
+            assert abs(share - Pi[i, j].item()) <= 4 * se + 1e-12
+    assert chain.bayes_accuracy() == pytest.approx(float(chain.parent_marginal() @ Pi.max(1).values))

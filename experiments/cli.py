@@ -1,0 +1,37 @@
+"""``rwinterp reproduce``: run figure specs and write the figures and the reproduction report."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+from rwinterp.cli import command
+
+
+@command("reproduce", "reproduce the paper's figures: PNGs, results.json and REPRODUCTION.md")
+def _reproduce_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    parser.add_argument("figures", nargs="+", metavar="FIG",
+                        help="figure numbers (2, 4, ...), extra studies by name, or 'all'")
+    parser.add_argument("--out", required=True, help="directory for the figures and the report")
+    parser.add_argument("--reduced", action="store_true",
+                        help="small sizes and few steps (a smoke test; claims are not expected to hold)")
+    parser.add_argument("--list", action="store_true", help="list the known figures and exit")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return _reproduce
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from experiments.runner import discover, reproduce
+
+    if args.list:
+        for spec_id, spec in discover().items():
+            print(f"{spec_id:>12}  {spec.title}")
+        return 0
+    rep = reproduce(args.figures, args.out, reduced=args.reduced,
+                    progress=False if args.no_progress else None)
+    claims = rep.claims
+    held = sum(c.holds for c in claims)
+    for c in claims:
+        print(f"{'holds' if c.holds else 'FAILS':>5}  fig {c.figure:>10}  {c.claim}")
+    print(f"{held} of {len(claims)} claims hold; {rep.seconds:.1f} s; report: {args.out}/REPRODUCTION.md")
+    return 0

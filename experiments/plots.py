@@ -1,0 +1,165 @@
+"""Draw a figure spec's panels with seaborn, one PNG per figure, laid out like the paper's panels.
+
+Every panel kind of :class:`experiments.spec.Panel` has a drawer here. A panel whose source fails
+(for instance a run that diverged) is drawn as a boxed message and reported, never silently blank.
+The figure's caption (the sentence saying what to see) is printed under the panels.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from experiments.spec import FigureSpec, Panel, Results
+
+
+def _array(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=float)
+
+
+def _unstep(x: Any) -> tuple[str, Any]:
+    """A :class:`Snapshot` gives (step, value): return a title suffix and the value."""
+    if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], (int, np.integer)):
+        return f" (step {int(x[0])})", x[1]
+    return "", x
+
+
+def _line(ax: Any, panel: Panel, results: Results) -> str:
+    import seaborn as sns
+
+    palette = sns.color_palette("colorblind", max(len(panel.series), 1))
+    for colour, (label, source) in zip(palette, panel.series.items()):
+        data = source(results)
+        if isinstance(data, tuple) and len(data) == 2:
+            x, y = _array(data[0]), _array(data[1])
+        else:
+            y = _array(data)
+            x = np.arange(len(y))
+        style = panel.options.get("style", "-")
+        ax.plot(x, y, style, label=label, color=colour, lw=1.6, ms=3)
+    for i, (label, value) in enumerate(panel.ref.items()):
+        ax.axhline(value, ls="--", color="0.35", lw=1, label=label)
+    if panel.logx:
+        ax.set_xscale("log")
+    if panel.logy:
+        ax.set_yscale("log")
+    if len(panel.series) + len(panel.ref) > 1 or panel.options.get("legend"):
+        ax.legend(fontsize=7, loc=panel.options.get("legend_loc", "best"))
+    return ""
+
+
+def _heatmap(ax: Any, panel: Panel, results: Results) -> str:
+    import seaborn as sns
+
+    suffix, value = _unstep(panel.data(results))
+    matrix = _array(value)
+    if matrix.ndim == 1:
+        matrix = matrix[None, :]
+    n = matrix.shape[0]
+    annot = panel.options.get("annot", matrix.size <= 64)
+    labels = panel.options.get("ticklabels", [str(i + 1) for i in range(max(matrix.shape))])
+    sns.heatmap(matrix, ax=ax, cmap=panel.options.get("cmap", "viridis"), annot=annot,
+                fmt=panel.options.get("fmt", ".2f"), annot_kws={"fontsize": 6}, square=matrix.shape[0] > 1,
+                cbar=True, center=panel.options.get("center"),
+                xticklabels=labels[: matrix.shape[1]] if matrix.shape[1] <= 40 else False,
+                yticklabels=labels[:n] if 1 < n <= 40 else False)
+    ax.tick_params(labelsize=6)
+    return suffix
+
+
+def _bar(ax: Any, panel: Panel, results: Results) -> str:
+    import seaborn as sns
+
+    suffix, value = _unstep(panel.data(results))
+    if isinstance(value, dict):
+        labels, y = list(value), _array(list(value.values()))
+    else:
+        y = _array(value)
+        labels = panel.options.get("xticklabels") or [str(i + 1) for i in range(len(y))]
+    x = np.arange(len(y))
+    ax.bar(x, y, color=sns.color_palette("colorblind")[panel.options.get("colour", 0)],
+           yerr=None if panel.err is None else _array(_unstep(panel.err(results))[1]), capsize=2)
+    if len(y) <= 25:
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, rotation=panel.options.get("rotation", 0), fontsize=7)
+    for label, v in panel.ref.items():
+        ax.axhline(v, ls="--", color="0.35", lw=1, label=label)
+    if panel.ref:
+        ax.legend(fontsize=7)
+    if panel.logy:
+        ax.set_yscale("log")
+    return suffix
+
+
+def _text(ax: Any, panel: Panel, results: Results) -> str:
+    ax.axis("off")
+    ax.text(0.0, 1.0, str(panel.data(results)), va="top", ha="left", family="monospace", fontsize=7,
+            transform=ax.transAxes)
+    return ""
+
+
+def _custom(ax: Any, panel: Panel, results: Results) -> str:
+    panel.draw(ax, results)
+    return ""
+
+
+DRAWERS: dict[str, Callable[[Any, Panel, Results], str]] = {
+    "line": _line, "heatmap": _heatmap, "bar": _bar, "text": _text, "custom": _custom,
+}
+
+
+def render(fig: FigureSpec, results: Results, out_dir: Path) -> tuple[str | None, list[str]]:
+    """Draw ``fig`` into ``out_dir / fig<id>.png``; returns (file name, panel errors)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    if not fig.panels:
+        return None, []
+    sns.set_theme(style="whitegrid", context="paper")
+    rows, cols = fig.layout or (1, len(fig.panels))
+    w, h = fig.panel_size
+    caption = textwrap.fill(fig.caption, int(17 * w * cols))
+    caption_in = 0.25 + 0.16 * (caption.count("\n") + 1)
+    height = h * rows + caption_in + 0.4
+    figure, axes = plt.subplots(rows, cols, figsize=(w * cols, height), squeeze=False)
+    errors = []
+    flat = axes.ravel()
+    for ax, panel in zip(flat, fig.panels):
+        try:
+            suffix = DRAWERS[panel.kind](ax, panel, results)
+            ax.set_title(panel.title + suffix, fontsize=9)
+            ax.set_xlabel(panel.xlabel, fontsize=8)
+            ax.set_ylabel(panel.ylabel, fontsize=8)
+            if panel.ylim is not None:
+                ax.set_ylim(*panel.ylim)
+        except Exception as exc:  # noqa: BLE001  (drawn as a message and reported)
+            ax.cla()
+            ax.axis("off")
+            message = f"{panel.title}: {type(exc).__name__}: {exc}"
+            ax.text(0.5, 0.5, textwrap.fill(message, 40), ha="center", va="center", fontsize=7,
+                    transform=ax.transAxes, bbox={"fc": "mistyrose"})
+            errors.append(message)
+    for ax in flat[len(fig.panels):]:
+        ax.axis("off")
+    title = f"Figure {fig.id}: {fig.title}" if fig.id.isdigit() else fig.title
+    if results.reduced:
+        title += "  [reduced mode]"
+    figure.suptitle(title, fontsize=11)
+    figure.text(0.01, 0.1 / height, caption, fontsize=8, va="bottom")
+    figure.tight_layout(rect=(0, caption_in / height, 1, 1 - 0.4 / height))
+    name = file_name(fig)
+    figure.savefig(out_dir / name, dpi=110)
+    plt.close(figure)
+    return name, errors
+
+
+def file_name(fig: FigureSpec) -> str:
+    return f"fig{int(fig.id):02d}.png" if fig.id.isdigit() else f"{fig.id}.png"

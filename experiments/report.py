@@ -1,0 +1,91 @@
+"""Write a reproduction's ``results.json``, ``runs.json`` and ``REPRODUCTION.md``.
+
+``results.json`` is the list of claims, each ``{figure, claim, expected, measured, holds, note,
+error}``. ``REPRODUCTION.md`` opens with one table of every claim with its figure beside it, then
+gives each figure with its caption and its claims; a claim that does not hold keeps its note saying
+why and what was tried.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+from experiments.plots import file_name
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    if isinstance(x, list):
+        text = json.dumps(x)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return str(x)
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(rep: Any) -> str:
+    claims = rep.claims
+    held = sum(c.holds for c in claims)
+    lines = [
+        "# Reproduction of Shi and Cao, \"Towards Understanding Transformers in Learning Random Walks\"",
+        "",
+        f"{held} of {len(claims)} claims hold"
+        + (" (REDUCED MODE: small sizes, claims not expected to hold)" if rep.reduced else "") + ".",
+        f"Total time {rep.seconds:.1f} s on {platform.machine()} "
+        + (f"(load average at start: {rep.load[0]:.2f} over 1 min, {rep.load[1]:.2f} over 5 min)."
+           if rep.load else "."),
+        "Regenerate with `rwinterp reproduce all --out DIR`; the same seeds give the same numbers.",
+        "",
+        "## Every claim",
+        "",
+        "| figure | claim | expected | measured | holds |",
+        "|---|---|---|---|---|",
+    ]
+    for fig in rep.figures:
+        link = f"[{fig.spec.id}]({fig.image})" if fig.image else fig.spec.id
+        for c in fig.claims:
+            lines.append(f"| {link} | {_cell(c.claim)} | {_cell(c.expected)} | {_cell(_fmt(c.measured))} | "
+                         f"{'**yes**' if c.holds else '**NO**'} |")
+    for fig in rep.figures:
+        spec = fig.spec
+        heading = f"Figure {spec.id}: {spec.title}" if spec.id.isdigit() else spec.title
+        lines += ["", f"## {heading}", ""]
+        if fig.image:
+            lines += [f"![{heading}]({fig.image})", ""]
+        lines += [spec.caption, ""]
+        if fig.draw_errors:
+            lines += ["Panels that could not be drawn:", ""] + [f"* {e}" for e in fig.draw_errors] + [""]
+        if fig.claims:
+            lines += ["| claim | expected | measured | holds | note |", "|---|---|---|---|---|"]
+            for c in fig.claims:
+                lines.append(f"| {_cell(c.claim)} | {_cell(c.expected)} | {_cell(_fmt(c.measured))} | "
+                             f"{'yes' if c.holds else '**NO**'} | {_cell(c.note)} |")
+        lines.append(f"\n({fig.seconds:.1f} s to evaluate and draw)")
+    lines += ["", "## Runs", "", "| run (figure:name) | task | seconds | test accuracy | error |",
+              "|---|---|---|---|---|"]
+    for r in rep.runs:
+        task = ", ".join(f"{k}={v}" for k, v in r["task"].items() if not isinstance(v, list))
+        acc = r["final"].get("test_accuracy")
+        lines.append(f"| {', '.join(r['used_by'])} | {task} | {r['seconds']} | {_fmt(acc)} | {r['error'] or ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(rep: Any, out: Path) -> None:
+    (out / "results.json").write_text(json.dumps([c.to_dict() for c in rep.claims], indent=1) + "\n")
+    (out / "runs.json").write_text(json.dumps(
+        {"reduced": rep.reduced, "seconds": rep.seconds, "load_average": rep.load, "runs": rep.runs},
+        indent=1) + "\n")
+    (out / "REPRODUCTION.md").write_text(markdown(rep))
+
+
+__all__ = ["markdown", "write", "file_name"]

@@ -1,0 +1,313 @@
+"""Execute figure specs: train their runs once each, draw the panels, check the claims, write the report.
+
+:func:`reproduce` is the whole pipeline:
+
+1. :func:`discover` imports every module of :mod:`experiments.specs` and collects its ``SPEC``.
+2. :func:`plan` resolves the selected specs' runs (reduced mode applied) and merges runs with the
+   same training configuration (task, model, training) across figures: each trains once, recording
+   the union of what the figures asked for.
+3. :func:`execute` trains them under one progress bar (in steps), recording the requested
+   quantities through the training callback.
+4. Each figure's panels are drawn (:mod:`experiments.plots`) and its claims evaluated; a claim whose
+   measurement fails counts as not holding, with the error as its note. Nothing is dropped.
+5. The PNGs, ``results.json`` (the list of claims), ``runs.json`` (what was trained, how long it
+   took) and ``REPRODUCTION.md`` are written to a temporary directory and moved into place.
+
+Runs are deterministic: model initialisation and data come from the seeds in the specs, so the same
+specs give the same numbers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import pkgutil
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+import numpy as np
+
+from experiments.spec import (QUANTITIES, Check, ClaimResult, FigureSpec, Record, Results, RunResult, RunSpec,
+                              StepView)
+from rwinterp.errors import RwinterpError, require
+
+SPEC_PACKAGE = "experiments.specs"
+
+
+# ------------------------------------------------------------------------------------ discovery
+def discover() -> dict[str, FigureSpec]:
+    """Every ``SPEC`` in the modules of :mod:`experiments.specs`, by id, in module order."""
+    import experiments.quantities  # noqa: F401  (registers the standard quantities)
+
+    package = importlib.import_module(SPEC_PACKAGE)
+    specs: dict[str, FigureSpec] = {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{SPEC_PACKAGE}.{info.name}")
+        spec = getattr(module, "SPEC", None)
+        if spec is None:
+            continue
+        require(isinstance(spec, FigureSpec), f"{module.__name__}.SPEC is not a FigureSpec")
+        require(spec.id not in specs, f"two specs share the id {spec.id!r}")
+        specs[spec.id] = spec
+    return dict(sorted(specs.items(), key=lambda kv: _order(kv[0])))
+
+
+def _order(spec_id: str) -> tuple[int, Any]:
+    return (0, int(spec_id)) if spec_id.isdigit() else (1, spec_id)
+
+
+def select(specs: dict[str, FigureSpec], ids: Iterable[str]) -> list[FigureSpec]:
+    """The specs named by ``ids`` ("all", "4", "fig4", "fig04", or an extra study's id)."""
+    ids = list(ids)
+    require(bool(ids), "name at least one figure, or 'all'")
+    if "all" in ids:
+        return list(specs.values())
+    out = []
+    for raw in ids:
+        name = raw.lower().removeprefix("fig").lstrip("0") if raw.lower().removeprefix("fig").isdigit() else raw
+        require(name in specs, f"unknown figure {raw!r}; known: {', '.join(specs)}, all")
+        if specs[name] not in out:
+            out.append(specs[name])
+    return out
+
+
+# ----------------------------------------------------------------------------------------- plan
+@dataclass
+class PlannedRun:
+    key: str
+    spec: RunSpec
+    users: list[tuple[str, str]] = field(default_factory=list)  # (figure id, run name)
+
+
+def plan(figures: list[FigureSpec], reduced: bool = False) -> tuple[list[PlannedRun], dict[tuple[str, str], str]]:
+    """Distinct runs to train, and the map (figure id, run name) -> run key."""
+    planned: dict[str, PlannedRun] = {}
+    names: dict[tuple[str, str], str] = {}
+    for fig in figures:
+        for run in fig.resolved_runs(reduced):
+            for q in run.record.quantities:
+                require(q in QUANTITIES, f"figure {fig.id}, run {run.name}: unknown quantity {q!r}; "
+                        f"known: {', '.join(sorted(QUANTITIES))}")
+            key = run.key()
+            if key in planned:
+                merged = planned[key]
+                merged.spec.record = merged.spec.record.merged(run.record)
+            else:
+                planned[key] = PlannedRun(key, run)
+            planned[key].users.append((fig.id, run.name))
+            names[(fig.id, run.name)] = key
+    return list(planned.values()), names
+
+
+# -------------------------------------------------------------------------------------- execute
+def build(run: RunSpec) -> tuple[Any, Any, Any]:
+    """(model, task, train config) of a run spec."""
+    from rwinterp.config import WalkTransformerConfig
+    from rwinterp.model import WalkTransformer
+    from rwinterp.tasks import task_from_dict
+    from rwinterp.training import TrainConfig
+
+    task = task_from_dict(run.task)
+    model_cfg = {"n_states": task.n_states, "n_ctx": task.seq_len, **run.model}
+    model = WalkTransformer(WalkTransformerConfig.from_dict(model_cfg))
+    return model, task, TrainConfig.from_dict(run.train)
+
+
+def execute_run(run: RunSpec, on_step: Optional[Callable[[int], None]] = None) -> RunResult:
+    """Train one run, recording its quantities; a diverging run keeps its history and an error."""
+    from rwinterp.training import TrainingDiverged, make_data, train
+
+    model, task, config = build(run)
+    data = make_data(task, config)
+    test = data[1]
+    snapshots: dict[str, dict[int, Any]] = {q: {} for q in run.record.quantities}
+    last = config.steps
+
+    def record(step: int, model: Any, rec: dict) -> None:
+        if snapshots and run.record.wants(step, last):
+            _snapshot(step, model, task, test, run.record.quantities, snapshots)
+        if on_step is not None:
+            on_step(1)
+
+    start = time.perf_counter()
+    error = None
+    try:
+        result = train(model, task, config, data=data, progress=False, callback=record)
+        history = result.history
+    except TrainingDiverged as exc:
+        history = exc.result.history
+        error = str(exc)
+        if history and snapshots:  # record the last good state as the final one
+            _snapshot(history[-1]["step"], model, task, test, run.record.quantities, snapshots)
+        if on_step is not None:
+            on_step(max(0, last + 1 - len(history)))
+    return RunResult(run, history, snapshots, model, task, test, data[0], time.perf_counter() - start, error)
+
+
+def _snapshot(step: int, model: Any, task: Any, test: Any, names: tuple[str, ...], out: dict) -> None:
+    import torch
+
+    with torch.no_grad():
+        pattern: dict[str, torch.Tensor] = {}
+
+        def grab(p: torch.Tensor, hook: Any) -> None:
+            pattern["p"] = p[:, 0, 0, :].detach()
+
+        scores = model.run_with_hooks(test.tokens, fwd_hooks=[("blocks.0.attn.hook_pattern", grab)])[:, 0, :]
+        view = StepView(step, model, task, test, scores.detach(), pattern["p"])
+        for name in names:
+            out[name][step] = QUANTITIES[name](view)
+
+
+def execute(runs: list[PlannedRun], progress: Optional[bool] = None) -> dict[str, RunResult]:
+    """Train every planned run under one progress bar counting gradient steps."""
+    from tqdm.auto import tqdm
+
+    total = sum(r.spec.steps() + 1 for r in runs)
+    out: dict[str, RunResult] = {}
+    with tqdm(total=total, desc="reproduce", unit="step",
+              disable=(None if progress is None else not progress)) as bar:
+        for r in runs:
+            bar.set_postfix_str(f"{r.users[0][0]}:{r.spec.name}")
+            out[r.key] = execute_run(r.spec, bar.update)
+    return out
+
+
+# --------------------------------------------------------------------------------------- claims
+def evaluate_claims(fig: FigureSpec, results: Results) -> list[ClaimResult]:
+    """Measure and check every claim; a failing measurement is a claim that does not hold."""
+    out = []
+    for claim in fig.claims:
+        expected = claim.expected
+        try:
+            check = claim.check if isinstance(claim.check, Check) else claim.check(results)
+            expected = expected or check.describe()
+            measured = to_jsonable(claim.measure(results))
+            holds = bool(check.holds(measured))
+            error = None
+        except Exception as exc:  # noqa: BLE001  (a broken measurement is reported, not raised)
+            measured, holds, error = None, False, f"{type(exc).__name__}: {exc}"
+        note = claim.note
+        if error:
+            note = f"measurement failed ({error}). {note}".strip()
+        out.append(ClaimResult(fig.id, claim.claim, expected, measured, holds, note, error))
+    return out
+
+
+def to_jsonable(x: Any) -> Any:
+    """Numbers, bools, strings, lists and dicts; tensors and arrays become (nested) lists."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    if isinstance(x, np.ndarray):
+        return to_jsonable(x.tolist()) if x.ndim else to_jsonable(x.item())
+    if isinstance(x, (np.floating, float)):
+        x = float(x)
+        return None if not math.isfinite(x) else x
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.bool_,)):
+        return bool(x)
+    if isinstance(x, dict):
+        return {str(k): to_jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [to_jsonable(v) for v in x]
+    return x
+
+
+# -------------------------------------------------------------------------------------- pipeline
+@dataclass
+class FigureOutcome:
+    spec: FigureSpec
+    claims: list[ClaimResult]
+    image: Optional[str]
+    draw_errors: list[str]
+    seconds: float
+
+
+@dataclass
+class Report:
+    figures: list[FigureOutcome]
+    runs: list[dict[str, Any]]
+    seconds: float
+    reduced: bool
+    load: Optional[tuple[float, float]] = None
+
+    @property
+    def claims(self) -> list[ClaimResult]:
+        return [c for f in self.figures for c in f.claims]
+
+
+def figure_results(fig: FigureSpec, names: dict[tuple[str, str], str], trained: dict[str, RunResult],
+                   reduced: bool) -> Results:
+    results = Results()
+    results.reduced = reduced
+    for run in fig.runs:
+        results[run.name] = trained[names[(fig.id, run.name)]]
+    return results
+
+
+def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
+              progress: Optional[bool] = None, write: bool = True) -> Report:
+    """Run the named figures and write their PNGs, ``results.json``, ``runs.json`` and ``REPRODUCTION.md``."""
+    from experiments import plots, report
+
+    start = time.perf_counter()
+    load_before = _load()
+    figures = select(discover(), ids)
+    runs, names = plan(figures, reduced)
+    trained = execute(runs, progress)
+    out = Path(out)
+    if write:
+        require(not out.exists() or out.is_dir(), f"{out} exists and is not a directory")
+        out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".reproduce-", dir=out.parent if write else None))
+    try:
+        outcomes = []
+        for fig in figures:
+            t0 = time.perf_counter()
+            results = figure_results(fig, names, trained, reduced)
+            claims = evaluate_claims(fig, results)
+            image, errors = plots.render(fig, results, tmp)
+            outcomes.append(FigureOutcome(fig, claims, image, errors, time.perf_counter() - t0))
+        run_rows = [_run_row(r, trained[r.key]) for r in runs]
+        rep = Report(outcomes, run_rows, time.perf_counter() - start, reduced, load_before)
+        if write:
+            report.write(rep, tmp)
+            _move_into(tmp, out)
+        return rep
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_row(planned: PlannedRun, result: RunResult) -> dict[str, Any]:
+    final = result.history[-1] if result.history else {}
+    return to_jsonable({
+        "key": planned.key, "used_by": [f"{f}:{n}" for f, n in planned.users],
+        "task": planned.spec.task, "model": planned.spec.model, "train": planned.spec.train,
+        "seconds": round(result.seconds, 3), "error": result.error,
+        "final": {k: final.get(k) for k in ("step", "loss", "train_accuracy", "test_accuracy",
+                                           "parent_attention", "v_distance")},
+    })
+
+
+def _load() -> Optional[tuple[float, float]]:
+    try:
+        one, five, _ = os.getloadavg()
+        return (one, five)
+    except OSError:
+        return None
+
+
+def _move_into(tmp: Path, out: Path) -> None:
+    """Move the finished files into ``out`` (created if needed), replacing same-named files."""
+    out.mkdir(parents=True, exist_ok=True)
+    for item in sorted(tmp.iterdir()):
+        os.replace(item, out / item.name)

@@ -1,0 +1,60 @@
+"""Options shared by the probes. The defaults are what ``rwinterp probe`` uses."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Optional
+
+from rwinterp.errors import require
+
+#: Activations the patching probe sweeps: the residual stream at the start of each layer (layer 0
+#: is the embeddings) and the value vectors, position by position; each head's output z and
+#: attention pattern, head by head.
+HOOKS = ("resid_pre", "v", "z", "pattern")
+
+
+@dataclass
+class ProbeConfig:
+    """How to probe.
+
+    * ``seed``: seeds the corrupted walks of the patching probe and the bootstrap.
+    * ``kind``: ``None`` detects query-slot or autoregressive models from their shapes
+      (:func:`probes.targets.detect_kind`); ``"query"`` or ``"autoregressive"`` forces one.
+    * ``hooks``: which activations the patching probe sweeps (a subset of :data:`HOOKS`).
+    * ``max_rows``: walks per forward pass when several patches are run stacked in one batch.
+    * ``gradient_walks``: walks used for gradient-times-input attribution (the one attribution
+      that needs the dense ``[walk, position, d_model]`` embeddings and a backward pass).
+    * ``bootstrap``: resamples of the test walks for the confidence intervals (0: none);
+      ``confidence``: their level.
+    * ``progress``: show progress bars (``None``: only on a terminal).
+    """
+
+    seed: int = 0
+    kind: Optional[str] = None
+    hooks: tuple[str, ...] = HOOKS
+    max_rows: int = 16384
+    gradient_walks: int = 100
+    bootstrap: int = 200
+    confidence: float = 0.95
+    progress: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        self.hooks = tuple(self.hooks)
+        for hook in self.hooks:
+            require(hook in HOOKS, f"unknown patching hook {hook!r}; known: {', '.join(HOOKS)}")
+        require(self.max_rows >= 1, f"max_rows must be >= 1, got {self.max_rows}")
+        require(self.gradient_walks >= 0, f"gradient_walks must be >= 0, got {self.gradient_walks}")
+        require(self.bootstrap >= 0, f"bootstrap must be >= 0, got {self.bootstrap}")
+        require(0.0 < self.confidence < 1.0, f"confidence must lie in (0, 1), got {self.confidence}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["hooks"] = list(self.hooks)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ProbeConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        require(not unknown, f"unknown probe config fields: {', '.join(unknown)}")
+        return cls(**data)

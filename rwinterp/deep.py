@@ -1,0 +1,549 @@
+"""A transformer with any number of layers and heads, of which the paper's model is one configuration.
+
+The paper (PAPER.md section 2) studies one attention layer with one head, concatenated large-norm
+positional embeddings, a merged key-query matrix W, values that read only the token coordinates,
+no residual stream, zero initialisation and attention from the query slot alone. Reviewers asked
+what happens when each of these choices is changed. :class:`DeepTransformer` makes every one of
+them an option of a single readable model (one file, nanoGPT style), so a variant is a config, not
+a copy:
+
+====================  ======================================  ======================================
+option                the paper                               alternatives
+====================  ======================================  ======================================
+``n_layers``          1                                       any
+``n_heads``           1 (head outputs are summed)             any
+``pos_mode``          ``concat``: ``x~_i = [x_i; p_i]``       ``added``: ``x_i + p_i`` in d_model dims
+``pos_embedding``     ``orthogonal`` or ``sine`` (fixed,      ``learned``
+                      squared norm = dim / 2)
+``token_embedding``   ``onehot`` (query token -> 0)           ``learned``
+``key_query``         ``merged``: score = ``x_k^T W x_q``      ``factored``: ``(x_q W_Q) . (x_k W_K)``
+``attn_scale``        1 (no 1/sqrt(d) scaling)                e.g. ``sqrt(d_head)``
+``values``            ``tokens``: W_V reads token coords      ``all`` coordinates
+``readout``           ``fixed``: W_O writes the first d_head  ``learned`` W_O and W_U
+                      coords, W_U reads the first K
+``residual``          off: a block's output replaces its      on: added to it
+                      input
+``attention``         ``query``: only the last position       ``causal``: every position attends to
+                      attends (and only it is updated)        itself and earlier ones
+``mlp_width``         none (appendix F.2: m = 19)             a ReLU MLP per block
+``init``              ``zero``                                ``gaussian`` (sigma), ``standard``
+====================  ======================================  ======================================
+
+:meth:`DeepConfig.paper` and :meth:`DeepConfig.standard` give the two ends; :func:`from_walk_transformer`
+copies a trained :class:`rwinterp.model.WalkTransformer` into the equivalent one-layer model (same
+outputs to float round-off). With the paper's configuration, gradient descent on the merged W is
+literally the paper's gradient descent on W (the paper's model stores only ``u = W x~_N``).
+
+The forward pass
+----------------
+``resid = W_E[tokens] + W_pos`` (in ``concat`` mode W_E and W_pos live in disjoint coordinates, so
+the sum is the concatenation). Each block computes, per head, scores from the (optionally unit
+normalised) residual stream, a softmax over key positions (causal mask, or the query slot's row
+only), ``z = pattern @ (resid W_V)`` and ``attn_out = sum_h z_h W_O[h]``; the rows being updated (the
+last one in ``query`` mode, all in ``causal`` mode) become ``resid + attn_out`` (``attn_out`` without
+the residual stream), then likewise with the MLP. Logits are ``resid @ W_U`` on the updated rows:
+``[batch, 1, K]`` in ``query`` mode (like the paper's model), ``[batch, N, K]`` in ``causal`` mode
+(position t predicts the next state; the query slot predicts the label). There is no
+normalisation layer and no bias: logits are raw scores, as in the paper.
+
+Hooks (HookedTransformer names; Q = 1 in ``query`` mode, N in ``causal`` mode)
+------------------------------------------------------------------------------
+==================================  ===========================  =====================================
+hook                                shape                        content
+==================================  ===========================  =====================================
+``hook_embed``, ``hook_pos_embed``  ``[batch, pos, d_model]``    ``W_E[tokens]``, ``W_pos``
+``blocks.L.hook_resid_pre``         ``[batch, pos, d_model]``    residual stream into block L
+``blocks.L.attn.hook_q``            ``[batch, Q, H, d_qk]``      ``x_q W_Q`` (merged: ``W x_q``)
+``blocks.L.attn.hook_k``            ``[batch, pos, H, d_qk]``    ``x_k W_K`` (merged: ``x_k``)
+``blocks.L.attn.hook_v``            ``[batch, pos, H, d_head]``  ``resid W_V``
+``blocks.L.attn.hook_attn_scores``  ``[batch, H, Q, pos]``       PRE-softmax scores (-inf masked)
+``blocks.L.attn.hook_pattern``      ``[batch, H, Q, pos]``       softmax
+``blocks.L.attn.hook_z``            ``[batch, Q, H, d_head]``    ``pattern @ v``
+``blocks.L.hook_attn_out``          ``[batch, Q, d_model]``      ``sum_h z_h W_O[h]``
+``blocks.L.hook_resid_mid``         ``[batch, pos, d_model]``    (with an MLP) after attention
+``blocks.L.mlp.hook_pre/hook_post`` ``[batch, Q, d_mlp]``        ``resid W_in`` and its ReLU
+``blocks.L.hook_mlp_out``           ``[batch, Q, d_model]``      ``post W_out``
+``blocks.L.hook_resid_post``        ``[batch, pos, d_model]``    residual stream out of block L
+==================================  ===========================  =====================================
+
+``x_q``/``x_k`` are the residual rows divided by their norm when ``normalize_tokens`` is set (the
+paper's random-initialisation runs). In ``query`` mode the rows other than the query slot pass
+through every block unchanged. With ``key_query = "merged"``, ``W_Q = W^T`` and ``W_K = I``
+(``d_qk = d_model``), so ``W_Q W_K^T = W^T`` as TransformerLens expects (``score = q . k``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+from transformer_lens.ActivationCache import ActivationCache
+from transformer_lens.config import TransformerLensConfig
+from transformer_lens.FactoredMatrix import FactoredMatrix
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.HookedRootModule import HookedRootModule
+
+from rwinterp.config import DTYPES, WalkTransformerConfig, dtype_name
+from rwinterp.errors import require
+from rwinterp.model import WalkTransformer, positional_embeddings
+from rwinterp.runs import ModelKind, register_model_kind
+
+CHOICES = {
+    "pos_mode": ("concat", "added"),
+    "pos_embedding": ("orthogonal", "sine", "learned"),
+    "token_embedding": ("onehot", "learned"),
+    "key_query": ("merged", "factored"),
+    "values": ("tokens", "all"),
+    "readout": ("fixed", "learned"),
+    "attention": ("query", "causal"),
+    "init": ("zero", "gaussian", "standard"),
+}
+
+#: Fields a user sets (the rest of the config is derived from them).
+USER_FIELDS = ("n_states", "n_ctx", "n_layers", "n_heads", "pos_mode", "pos_embedding", "pos_dim",
+               "d_model", "d_head", "token_embedding", "d_token", "key_query", "attn_scale", "values",
+               "readout", "residual", "attention", "mlp_width", "init", "init_sigma",
+               "normalize_tokens", "seed", "dtype")
+
+
+@dataclass
+class DeepConfig(TransformerLensConfig):
+    """Configuration of :class:`DeepTransformer`. The defaults are the paper's model.
+
+    ``d_model`` is the residual width in ``added`` mode; in ``concat`` mode it is derived as
+    ``d_token + pos_dim`` (``d_token = K`` for one-hot tokens). ``d_head`` defaults to K with the
+    fixed readout (the paper's V is K x K) and to ``d_model // n_heads`` otherwise.
+    """
+
+    # TransformerLens fields (re-declared with defaults; the derived ones are set in __post_init__).
+    d_model: int = -1
+    d_head: int = -1
+    n_layers: int = 1
+    n_ctx: int = 97
+    n_heads: int = 1
+    d_vocab_out: int = -1
+    # The model's options (see the module docstring).
+    n_states: int = 6
+    pos_mode: str = "concat"
+    pos_embedding: str = "orthogonal"
+    pos_dim: int = 1000
+    token_embedding: str = "onehot"
+    d_token: Optional[int] = None
+    key_query: str = "merged"
+    attn_scale: float = 1.0
+    values: str = "tokens"
+    readout: str = "fixed"
+    residual: bool = False
+    attention: str = "query"
+    mlp_width: Optional[int] = None
+    init: str = "zero"
+    init_sigma: float = 0.01
+    normalize_tokens: bool = False
+    seed: int = 0
+    device: Optional[str] = "cpu"
+    normalization_type: Optional[str] = None
+    positional_embedding_type: str = "concatenated"
+    default_prepend_bos: bool = False
+    dtype: torch.dtype = torch.float64
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dtype, str):
+            require(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype}")
+            self.dtype = DTYPES[self.dtype]
+        dtype_name(self.dtype)
+        for name, allowed in CHOICES.items():
+            value = getattr(self, name)
+            require(value in allowed, f"{name.replace('_', ' ')} must be one of {', '.join(allowed)}, got {value!r}")
+        K, N = self.n_states, self.n_ctx
+        for name, value, low in (("the number of states K", K, 2), ("N", N, 2),
+                                 ("the number of layers", self.n_layers, 1),
+                                 ("the number of heads", self.n_heads, 1)):
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= low,
+                    f"{name} must be an integer >= {low}, got {value}")
+        concat = self.pos_mode == "concat"
+        if concat:
+            d_token = K if self.token_embedding == "onehot" else (self.d_token or K)
+            require(self.token_embedding == "learned" or self.d_token in (None, K),
+                    f"one-hot tokens take d_token = K = {K}, got {self.d_token}")
+            require(isinstance(d_token, int) and d_token >= 1, f"d_token must be a positive integer, got {d_token}")
+            require(isinstance(self.pos_dim, int) and self.pos_dim >= 1,
+                    f"M (pos_dim) must be a positive integer, got {self.pos_dim}")
+            self.d_token = d_token
+            self.d_model = d_token + self.pos_dim
+            self.positional_embedding_type = "concatenated"
+        else:
+            require(isinstance(self.d_model, int) and self.d_model >= 1,
+                    "added positional embeddings need d_model, a positive integer")
+            require(self.values == "all", "values='tokens' needs concatenated positional embeddings "
+                    "(added ones share the token coordinates); use values='all'")
+            require(self.token_embedding == "learned" or self.d_model >= K,
+                    f"one-hot tokens need d_model >= K = {K}, got {self.d_model}")
+            self.d_token = self.d_model
+            self.pos_dim = self.d_model
+            self.positional_embedding_type = "standard"
+        M = self.pos_dim
+        if self.pos_embedding == "orthogonal":
+            require(M >= N, f"orthogonal positional embeddings need {'M' if concat else 'd_model'} >= N "
+                    f"(got {M}, N={N})")
+        elif self.pos_embedding == "sine":
+            require(M > N, f"sine positional embeddings need {'M' if concat else 'd_model'} > N (got {M}, N={N})")
+        if self.d_head in (-1, None):
+            self.d_head = K if self.readout == "fixed" else max(1, self.d_model // self.n_heads)
+        require(isinstance(self.d_head, int) and self.d_head >= 1, f"d_head must be a positive integer, got {self.d_head}")
+        if self.readout == "fixed":
+            require(self.d_head <= self.d_model and K <= self.d_model,
+                    f"the fixed readout needs d_head <= d_model and K <= d_model (got d_head={self.d_head}, "
+                    f"K={K}, d_model={self.d_model})")
+        if self.mlp_width is not None:
+            require(isinstance(self.mlp_width, int) and self.mlp_width >= 1,
+                    f"mlp width must be a positive integer, got {self.mlp_width}")
+        require(isinstance(self.attn_scale, (int, float)) and math.isfinite(self.attn_scale) and self.attn_scale > 0,
+                f"attn_scale must be positive, got {self.attn_scale}")
+        require(self.init_sigma >= 0, f"sigma must be non-negative, got {self.init_sigma}")
+        self.d_mlp = self.mlp_width
+        self.attn_only = self.mlp_width is None
+        self.d_vocab = K + 1
+        self.d_vocab_out = K
+        super().__post_init__()
+
+    @property
+    def d_qk(self) -> int:
+        """Width of queries and keys: d_model for the merged W, d_head when factored."""
+        return self.d_model if self.key_query == "merged" else self.d_head
+
+    @property
+    def d_value_in(self) -> int:
+        """Residual coordinates that values read: the token part (paper) or all of them."""
+        return self.d_token if self.values == "tokens" else self.d_model
+
+    @classmethod
+    def paper(cls, n_states: int, n_ctx: int, pos_dim: int, **overrides: Any) -> "DeepConfig":
+        """The paper's model (PAPER.md section 2); ``overrides`` change single options.
+
+        With ``mlp_width = m`` (appendix F.2) the head has ``d_head = m``: ``f = A ReLU(V X S)``.
+        """
+        if overrides.get("mlp_width") is not None:
+            overrides.setdefault("d_head", overrides["mlp_width"])
+        return cls(n_states=n_states, n_ctx=n_ctx, pos_dim=pos_dim, **overrides)
+
+    @classmethod
+    def standard(cls, n_states: int, n_ctx: int, d_model: int, **overrides: Any) -> "DeepConfig":
+        """A standard small transformer: learned embeddings, added learned positions, factored QK
+        scaled by ``1/sqrt(d_head)``, residual stream, causal attention, learned readout, GPT-2 init."""
+        options: dict[str, Any] = dict(
+            pos_mode="added", pos_embedding="learned", token_embedding="learned", key_query="factored",
+            values="all", readout="learned", residual=True, attention="causal", init="standard")
+        options.update(overrides)
+        if "attn_scale" not in options:
+            heads = options.get("n_heads", 1)
+            options["attn_scale"] = math.sqrt(options.get("d_head") or max(1, d_model // heads))
+        return cls(n_states=n_states, n_ctx=n_ctx, d_model=d_model, **options)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable: only the fields a user sets."""
+        out = {k: getattr(self, k) for k in USER_FIELDS}
+        out["dtype"] = dtype_name(self.dtype)
+        return out
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any]) -> "DeepConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(config_dict) - known)
+        require(not unknown, f"unknown model config fields: {', '.join(unknown)}")
+        return cls(**config_dict)
+
+
+# ---------------------------------------------------------------------------------------- layers
+
+
+class Attention(nn.Module):
+    """Multi-head attention with merged (``W``) or factored (``W_Q``, ``W_K``) key-query weights."""
+
+    def __init__(self, cfg: DeepConfig):
+        super().__init__()
+        self.cfg = cfg
+        H, D, d = cfg.n_heads, cfg.d_model, cfg.d_head
+        if cfg.key_query == "merged":
+            self.W = nn.Parameter(torch.zeros(H, D, D, dtype=cfg.dtype))  # score = x_k^T W[h] x_q
+        else:
+            self.W_Q = nn.Parameter(torch.zeros(H, D, d, dtype=cfg.dtype))
+            self.W_K = nn.Parameter(torch.zeros(H, D, d, dtype=cfg.dtype))
+        self.W_V = nn.Parameter(torch.zeros(H, cfg.d_value_in, d, dtype=cfg.dtype))
+        if cfg.readout == "learned":
+            self.W_O = nn.Parameter(torch.zeros(H, d, D, dtype=cfg.dtype))
+        else:  # every head writes into the first d_head residual coordinates (the paper's f = V X S)
+            self.register_buffer("W_O", torch.eye(d, D, dtype=cfg.dtype).expand(H, d, D).clone(), persistent=False)
+        for name in ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"):
+            setattr(self, name, HookPoint())
+
+    def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch Q d_model"]:
+        cfg = self.cfg
+        x = resid / resid.norm(dim=-1, keepdim=True).clamp_min(1e-30) if cfg.normalize_tokens else resid
+        x_q = x[:, -1:] if cfg.attention == "query" else x
+        if cfg.key_query == "merged":
+            q = torch.einsum("bqm,hnm->bqhn", x_q, self.W)  # W[h] x_q
+            k = x[:, :, None, :].expand(-1, -1, cfg.n_heads, -1)
+        else:
+            q = torch.einsum("bqm,hmd->bqhd", x_q, self.W_Q)
+            k = torch.einsum("bpm,hmd->bphd", x, self.W_K)
+        q, k = self.hook_q(q), self.hook_k(k)
+        v = self.hook_v(torch.einsum("bpm,hmd->bphd", resid[..., : cfg.d_value_in], self.W_V))
+        scores = torch.einsum("bqhd,bphd->bhqp", q, k) / cfg.attn_scale
+        if cfg.attention == "causal":
+            n = scores.shape[-1]
+            future = torch.triu(torch.ones(n, n, dtype=torch.bool, device=scores.device), diagonal=1)
+            scores = scores.masked_fill(future, float("-inf"))
+        scores = self.hook_attn_scores(scores)
+        pattern = self.hook_pattern(torch.softmax(scores, dim=-1))
+        z = self.hook_z(torch.einsum("bhqp,bphd->bqhd", pattern, v))
+        return torch.einsum("bqhd,hdm->bqm", z, self.W_O)
+
+
+class MLP(nn.Module):
+    """``ReLU(x W_in) W_out``, no biases (the paper's FC+ReLU variant when W_in selects z)."""
+
+    def __init__(self, cfg: DeepConfig):
+        super().__init__()
+        self.W_in = nn.Parameter(torch.zeros(cfg.d_model, cfg.mlp_width, dtype=cfg.dtype))
+        self.W_out = nn.Parameter(torch.zeros(cfg.mlp_width, cfg.d_model, dtype=cfg.dtype))
+        self.hook_pre = HookPoint()
+        self.hook_post = HookPoint()
+
+    def forward(self, x: Float[Tensor, "batch Q d_model"]) -> Float[Tensor, "batch Q d_model"]:
+        return self.hook_post(F.relu(self.hook_pre(x @ self.W_in))) @ self.W_out
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: DeepConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.attn = Attention(cfg)
+        self.hook_resid_pre = HookPoint()
+        self.hook_attn_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+        if cfg.mlp_width is not None:
+            self.mlp = MLP(cfg)
+            self.hook_resid_mid = HookPoint()
+            self.hook_mlp_out = HookPoint()
+
+    def _update(self, resid: Tensor, out: Tensor) -> Tensor:
+        """Replace the rows being computed (the last ``Q``) by ``resid + out`` or ``out``."""
+        Q = out.shape[1]
+        rows = resid[:, -Q:] + out if self.cfg.residual else out
+        return torch.cat([resid[:, : resid.shape[1] - Q], rows], dim=1)
+
+    def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        resid = self.hook_resid_pre(resid)
+        attn_out = self.hook_attn_out(self.attn(resid))
+        resid = self._update(resid, attn_out)
+        if self.cfg.mlp_width is not None:
+            resid = self.hook_resid_mid(resid)
+            mlp_out = self.hook_mlp_out(self.mlp(resid[:, -attn_out.shape[1]:]))
+            resid = self._update(resid, mlp_out)
+        return self.hook_resid_post(resid)
+
+
+# ---------------------------------------------------------------------------------------- model
+
+
+class DeepTransformer(HookedRootModule):
+    """See the module docstring. Build with ``DeepTransformer(DeepConfig(...))``."""
+
+    run_kind = "deep"
+
+    def __init__(self, cfg: DeepConfig | dict):
+        super().__init__()
+        if isinstance(cfg, dict):
+            cfg = DeepConfig.from_dict(cfg)
+        self.cfg = cfg
+        K, N = cfg.n_states, cfg.n_ctx
+        if cfg.token_embedding == "learned":
+            self.embed = nn.Parameter(torch.zeros(K + 1, cfg.d_token, dtype=cfg.dtype))
+        else:  # one-hot; the query token embeds to zero (the paper's query slot x_N = 0)
+            self.register_buffer("embed", torch.eye(K + 1, cfg.d_token, dtype=cfg.dtype) * (torch.arange(K + 1) < K)[:, None],
+                                 persistent=False)
+        if cfg.pos_embedding == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(N, cfg.pos_dim, dtype=cfg.dtype))
+        else:
+            self.register_buffer("pos_embed", positional_embeddings(cfg.pos_embedding, N, cfg.pos_dim).to(cfg.dtype),
+                                 persistent=False)
+        if cfg.readout == "learned":
+            self.unembed = nn.Parameter(torch.zeros(cfg.d_model, K, dtype=cfg.dtype))
+        else:  # read the scores off the first K residual coordinates
+            self.register_buffer("unembed", torch.eye(cfg.d_model, K, dtype=cfg.dtype), persistent=False)
+        self.hook_embed = HookPoint()
+        self.hook_pos_embed = HookPoint()
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
+        self.setup()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw every learned parameter from ``cfg.init`` with a generator seeded by ``cfg.seed``.
+
+        ``zero``: all zero (the paper's). ``gaussian``: i.i.d. N(0, init_sigma^2) (the paper's random
+        initialisation). ``standard``: N(0, (0.8 / sqrt(d_model))^2), TransformerLens's GPT-2
+        initialisation (as in :mod:`rwinterp.standard`). Fixed embeddings and readouts stay as built.
+        Note that zero-initialised factored key-query weights never move (their gradients are
+        products of each other) and zero-initialised learned embeddings see no gradient through zero
+        values: zero initialisation is meant for the paper's merged W and one-hot tokens.
+        """
+        cfg = self.cfg
+        gen = torch.Generator().manual_seed(cfg.seed)
+        std = {"zero": 0.0, "gaussian": cfg.init_sigma, "standard": 0.8 / math.sqrt(cfg.d_model)}[cfg.init]
+        with torch.no_grad():
+            for param in self.parameters():
+                param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float64) * std)
+
+    # ------------------------------------------------------------------ TransformerLens weights
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        """Token embeddings, zero on the positional coordinates in ``concat`` mode."""
+        return F.pad(self.embed, (0, self.cfg.d_model - self.embed.shape[1]))
+
+    @property
+    def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
+        """Positional embeddings, on the coordinates after the token part in ``concat`` mode."""
+        return F.pad(self.pos_embed, (self.cfg.d_model - self.pos_embed.shape[1], 0))
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model K"]:
+        return self.unembed
+
+    def _stack(self, name: str) -> Tensor:
+        return torch.stack([getattr(block.attn, name) for block in self.blocks])
+
+    @property
+    def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_qk"]:
+        """Merged: ``W^T`` (with ``W_K = I``, ``q . k = x_k^T W x_q``)."""
+        if self.cfg.key_query == "merged":
+            return self._stack("W").transpose(-2, -1)
+        return self._stack("W_Q")
+
+    @property
+    def W_K(self) -> Float[Tensor, "n_layers n_heads d_model d_qk"]:
+        if self.cfg.key_query == "merged":
+            cfg = self.cfg
+            return torch.eye(cfg.d_model, dtype=cfg.dtype).expand(cfg.n_layers, cfg.n_heads, -1, -1)
+        return self._stack("W_K")
+
+    @property
+    def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        """Zero on the positional rows when values read only the token coordinates."""
+        W_V = self._stack("W_V")
+        return F.pad(W_V, (0, 0, 0, self.cfg.d_model - W_V.shape[-2]))
+
+    @property
+    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
+        return self._stack("W_O")
+
+    @property
+    def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
+        require(self.cfg.mlp_width is not None, "this model has no MLP")
+        return torch.stack([block.mlp.W_in for block in self.blocks])
+
+    @property
+    def W_out(self) -> Float[Tensor, "n_layers d_mlp d_model"]:
+        require(self.cfg.mlp_width is not None, "this model has no MLP")
+        return torch.stack([block.mlp.W_out for block in self.blocks])
+
+    @property
+    def QK(self) -> FactoredMatrix:
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        return FactoredMatrix(self.W_V, self.W_O)
+
+    @property
+    def V(self) -> Optional[Float[Tensor, "K K"]]:
+        """The single head's token-to-score map ``(W_E[:K] W_V W_O W_U)^T`` (the paper's V when
+        configured like the paper); ``None`` unless the model has one layer, one head and no MLP."""
+        cfg = self.cfg
+        if cfg.n_layers != 1 or cfg.n_heads != 1 or cfg.mlp_width is not None:
+            return None
+        return (self.W_E[: cfg.n_states] @ self.W_V[0, 0] @ self.W_O[0, 0] @ self.W_U).T
+
+    # ------------------------------------------------------------------ forward
+    def to_tokens(self, tokens: Any) -> Int[Tensor, "batch pos"]:
+        """Tokens are integer tensors already (no tokenizer); accepts a task ``Batch`` too."""
+        return self._check_tokens(torch.as_tensor(getattr(tokens, "tokens", tokens)))
+
+    def _check_tokens(self, tokens: Tensor) -> Tensor:
+        cfg = self.cfg
+        if tokens.ndim == 1:
+            tokens = tokens[None]
+        require(tokens.ndim == 2 and tokens.shape[1] == cfg.n_ctx,
+                f"tokens must have shape [batch, {cfg.n_ctx}], got {list(tokens.shape)}")
+        require(not tokens.is_floating_point(), "tokens must be an integer tensor")
+        if tokens.numel():
+            require(int(tokens.min()) >= 0 and int(tokens.max()) <= cfg.n_states,
+                    f"tokens must lie in [0, {cfg.n_states}] ({cfg.n_states} is the query token)")
+        return tokens
+
+    def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch Q K"]:
+        """Logits (raw scores) at the query slot (``[batch, 1, K]``) or at every position (causal)."""
+        tokens = self._check_tokens(tokens)
+        embed = self.hook_embed(self.W_E[tokens])
+        pos = self.hook_pos_embed(self.W_pos.expand(tokens.shape[0], -1, -1))
+        resid = embed + pos
+        for block in self.blocks:
+            resid = block(resid)
+        rows = 1 if self.cfg.attention == "query" else self.cfg.n_ctx
+        return resid[:, -rows:] @ self.W_U
+
+    def scores(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch K"]:
+        """The scores of the label at the query slot, ``[batch, K]``."""
+        return self(tokens)[:, -1, :]
+
+    def attention(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch n_layers n_heads pos"]:
+        """The attention pattern of the query slot over all N positions, for every layer and head."""
+        names = {f"blocks.{layer}.attn.hook_pattern" for layer in range(self.cfg.n_layers)}
+        _, cache = self.run_with_cache(tokens, names_filter=lambda name: name in names)
+        return torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"][:, :, -1, :]
+                            for layer in range(self.cfg.n_layers)], dim=1)
+
+    def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
+        """As in TransformerLens, returning an :class:`ActivationCache`."""
+        out, cache = super().run_with_cache(*args, **kwargs)
+        if isinstance(cache, ActivationCache):
+            return out, cache
+        return out, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+
+
+# ---------------------------------------------------------------------------------------- the paper
+
+
+def paper_config(walk_cfg: WalkTransformerConfig) -> DeepConfig:
+    """The :class:`DeepConfig` equivalent to a :class:`rwinterp.config.WalkTransformerConfig`."""
+    return DeepConfig.paper(
+        walk_cfg.n_states, walk_cfg.n_ctx, walk_cfg.pos_dim, pos_embedding=walk_cfg.pos_embedding,
+        normalize_tokens=walk_cfg.normalize_tokens, mlp_width=walk_cfg.mlp_width, init=walk_cfg.init,
+        init_sigma=walk_cfg.init_sigma, seed=walk_cfg.seed, dtype=walk_cfg.dtype)
+
+
+@torch.no_grad()
+def from_walk_transformer(walk: WalkTransformer) -> DeepTransformer:
+    """A one-layer :class:`DeepTransformer` holding a paper model's weights (same outputs).
+
+    W is rebuilt from the paper model's ``u`` (see ``WalkTransformer.W``); V becomes ``W_V = V^T``;
+    the FC+ReLU variant's ``A`` becomes ``W_out = [A^T 0]`` with ``W_in`` selecting the head output.
+    """
+    model = DeepTransformer(paper_config(walk.cfg))
+    attn = model.blocks[0].attn
+    attn.W[0].copy_(walk.W)  # score_i = x~_i^T W x~_N in both models
+    attn.W_V[0].copy_(walk.V.detach().T)
+    if walk.cfg.mlp_width is not None:
+        mlp = model.blocks[0].mlp
+        mlp.W_in.copy_(torch.eye(model.cfg.d_model, walk.cfg.mlp_width, dtype=model.cfg.dtype))
+        mlp.W_out.zero_()
+        mlp.W_out[:, : walk.cfg.n_states] = walk.A.detach().T
+    model.eval()
+    return model
+
+
+register_model_kind("deep", ModelKind(build=DeepTransformer, config_of=lambda model: model.cfg.to_dict()))
