@@ -47,27 +47,54 @@ def _line(ax: Any, panel: Panel, results: Results) -> str:
     if panel.logx:
         ax.set_xscale("log")
     if panel.logy:
-        ax.set_yscale("log")
+        has_positive = any(line.get_ydata().size and np.nanmax(np.asarray(line.get_ydata(), float)) > 0
+                           for line in ax.get_lines())
+        # All-zero data (an exactly kept symmetry) cannot be log-scaled: show it on a symlog axis.
+        ax.set_yscale("log") if has_positive else ax.set_yscale("symlog", linthresh=1e-16)
     if len(panel.series) + len(panel.ref) > 1 or panel.options.get("legend"):
         ax.legend(fontsize=7, loc=panel.options.get("legend_loc", "best"))
     return ""
 
 
 def _heatmap(ax: Any, panel: Panel, results: Results) -> str:
+    """A matrix as a seaborn-styled heatmap (drawn with ``pcolormesh``: ``sns.heatmap`` redraws the
+    whole figure once per call to check its tick labels, which is quadratic in the panel count)."""
+    import matplotlib.pyplot as plt
     import seaborn as sns
 
     suffix, value = _unstep(panel.data(results))
     matrix = _array(value)
     if matrix.ndim == 1:
         matrix = matrix[None, :]
-    n = matrix.shape[0]
-    annot = panel.options.get("annot", matrix.size <= 64)
+    rows, cols = matrix.shape
+    cmap = sns.color_palette(panel.options.get("cmap", "viridis"), as_cmap=True)
+    center = panel.options.get("center")
+    finite = matrix[np.isfinite(matrix)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    if center is not None:
+        span = max(abs(lo - center), abs(hi - center)) or 1.0
+        lo, hi = center - span, center + span
+    mesh = ax.pcolormesh(matrix, cmap=cmap, vmin=lo, vmax=hi if hi > lo else lo + 1)
+    ax.invert_yaxis()
+    ax.figure.colorbar(mesh, ax=ax, fraction=0.046, pad=0.03)
+    if panel.options.get("annot", matrix.size <= 64):
+        fmt = panel.options.get("fmt", ".2f")
+        norm = plt.Normalize(lo, hi if hi > lo else lo + 1)
+        for (i, j), v in np.ndenumerate(matrix):
+            if np.isfinite(v):
+                r, g, b, _ = cmap(norm(v))
+                dark = 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.45
+                ax.text(j + 0.5, i + 0.5, format(v, fmt), ha="center", va="center", fontsize=6,
+                        color="white" if dark else "black")
     labels = panel.options.get("ticklabels", [str(i + 1) for i in range(max(matrix.shape))])
-    sns.heatmap(matrix, ax=ax, cmap=panel.options.get("cmap", "viridis"), annot=annot,
-                fmt=panel.options.get("fmt", ".2f"), annot_kws={"fontsize": 6}, square=matrix.shape[0] > 1,
-                cbar=True, center=panel.options.get("center"),
-                xticklabels=labels[: matrix.shape[1]] if matrix.shape[1] <= 40 else False,
-                yticklabels=labels[:n] if 1 < n <= 40 else False)
+    for axis, n in ((ax.xaxis, cols), (ax.yaxis, rows)):
+        if 1 < n <= 40:
+            axis.set_ticks(np.arange(n) + 0.5)
+            axis.set_ticklabels(labels[:n])
+        else:
+            axis.set_ticks([])
+    ax.set_aspect("equal" if rows > 1 and max(rows, cols) / min(rows, cols) < 4 else "auto")
+    ax.grid(False)
     ax.tick_params(labelsize=6)
     return suffix
 

@@ -75,3 +75,38 @@ def example_scores(view: StepView) -> np.ndarray:
 def test_scores(view: StepView) -> np.ndarray:
     """The raw scores f of every test walk ``[B, K]``."""
     return _np(view.scores)
+
+
+@quantity("v_column_spread")
+def v_column_spread(view: StepView) -> float:
+    """``max |V[:, j] - V[:, 0]| / max |V|``: zero while V is proportional to a column repeated
+    (Theorem 4.1's symmetric state ``V = v 1^T``), growing once the symmetry breaks."""
+    V = view.model.V.detach().to(torch.float64)
+    scale = float(V.abs().max())
+    return 0.0 if scale == 0.0 else float((V - V[:, :1]).abs().max()) / scale
+
+
+@quantity("attention_spread")
+def attention_spread(view: StepView) -> float:
+    """Largest relative spread of the attention over the N-1 token positions, over the test walks:
+    ``max_b (max_i a_bi - min_i a_bi) / mean_i a_bi`` (zero when attention is uniform on the tokens)."""
+    tokens = view.pattern[:, :-1].to(torch.float64)
+    return float(((tokens.amax(1) - tokens.amin(1)) / tokens.mean(1)).max())
+
+
+@quantity("sqrt_distance")
+def sqrt_distance(view: StepView) -> float:
+    """``|| V/||V|| - sqrt(Pi^T)/||sqrt(Pi^T)|| ||_F`` (entrywise square root; NaN while V = 0).
+
+    Under the loss ``-log(f_y + eps)`` with attention on the parent, each entry obeys
+    ``dV[y, x]/dt = P(x) Pi[x, y] / (V[y, x] + eps)``, so ``V[y, x] ~ sqrt(2 P(x) Pi[x, y] t)``: V's direction
+    tends to the entrywise square root of Pi^T, which is Pi^T's direction only when p = 1/2."""
+    from rwinterp.metrics import transition_distance
+
+    return transition_distance(view.model.V, view.task.transition_matrix().sqrt())
+
+
+@quantity("position_logits")
+def position_logits(view: StepView) -> np.ndarray:
+    """The positional part of the attention logits, ``p_i . u_pos`` for each position ``[N]``."""
+    return _np(view.model.W_pos @ view.model.u)

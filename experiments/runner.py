@@ -110,6 +110,7 @@ def plan(figures: list[FigureSpec], reduced: bool = False) -> tuple[list[Planned
 # -------------------------------------------------------------------------------------- execute
 def build(run: RunSpec) -> tuple[Any, Any, Any]:
     """(model, task, train config) of a run spec."""
+    import rwinterp.qa  # noqa: F401  (registers the QA tasks)
     from rwinterp.config import WalkTransformerConfig
     from rwinterp.model import WalkTransformer
     from rwinterp.tasks import task_from_dict
@@ -153,18 +154,9 @@ def execute_run(run: RunSpec, on_step: Optional[Callable[[int], None]] = None) -
 
 
 def _snapshot(step: int, model: Any, task: Any, test: Any, names: tuple[str, ...], out: dict) -> None:
-    import torch
-
-    with torch.no_grad():
-        pattern: dict[str, torch.Tensor] = {}
-
-        def grab(p: torch.Tensor, hook: Any) -> None:
-            pattern["p"] = p[:, 0, 0, :].detach()
-
-        scores = model.run_with_hooks(test.tokens, fwd_hooks=[("blocks.0.attn.hook_pattern", grab)])[:, 0, :]
-        view = StepView(step, model, task, test, scores.detach(), pattern["p"])
-        for name in names:
-            out[name][step] = QUANTITIES[name](view)
+    view = StepView(step, model, task, test)
+    for name in names:
+        out[name][step] = QUANTITIES[name](view)
 
 
 def execute(runs: list[PlannedRun], progress: Optional[bool] = None) -> dict[str, RunResult]:
@@ -255,15 +247,26 @@ def figure_results(fig: FigureSpec, names: dict[tuple[str, str], str], trained: 
 
 
 def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
-              progress: Optional[bool] = None, write: bool = True) -> Report:
-    """Run the named figures and write their PNGs, ``results.json``, ``runs.json`` and ``REPRODUCTION.md``."""
+              progress: Optional[bool] = None, write: bool = True, threads: int = 1) -> Report:
+    """Run the named figures and write their PNGs, ``results.json``, ``runs.json`` and ``REPRODUCTION.md``.
+
+    ``threads``: torch CPU threads while training. The runs are tiny tensor programs; one thread is
+    fastest, and on a busy machine several threads are many times slower (they wait for each other).
+    """
+    import torch
+
     from experiments import plots, report
 
     start = time.perf_counter()
     load_before = _load()
     figures = select(discover(), ids)
     runs, names = plan(figures, reduced)
-    trained = execute(runs, progress)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        trained = execute(runs, progress)
+    finally:
+        torch.set_num_threads(previous)
     out = Path(out)
     if write:
         require(not out.exists() or out.is_dir(), f"{out} exists and is not a directory")

@@ -49,17 +49,36 @@ def quantity(name: str) -> Callable:
     return wrap
 
 
-@dataclass
 class StepView:
-    """What a quantity sees at a step: the model (do not change it), the task, the test walks,
-    and the model's test scores ``[B, K]`` and attention pattern ``[B, N]`` at that step."""
+    """What a quantity sees at a step: the model (do not change it), the task, the test walks, and
+    (computed on first use, once per step) the model's test scores ``[B, K]`` and attention ``[B, N]``."""
 
-    step: int
-    model: Any
-    task: Any
-    test: Any
-    scores: Any
-    pattern: Any
+    def __init__(self, step: int, model: Any, task: Any, test: Any):
+        self.step, self.model, self.task, self.test = step, model, task, test
+        self._forward: Optional[tuple[Any, Any]] = None
+
+    def _run(self) -> tuple[Any, Any]:
+        if self._forward is None:
+            import torch
+
+            store: dict[str, Any] = {}
+
+            def grab(p: Any, hook: Any) -> None:
+                store["p"] = p[:, 0, 0, :].detach()
+
+            with torch.no_grad():
+                scores = self.model.run_with_hooks(self.test.tokens,
+                                                   fwd_hooks=[("blocks.0.attn.hook_pattern", grab)])[:, 0, :]
+            self._forward = (scores.detach(), store["p"])
+        return self._forward
+
+    @property
+    def scores(self) -> Any:
+        return self._run()[0]
+
+    @property
+    def pattern(self) -> Any:
+        return self._run()[1]
 
 
 # -------------------------------------------------------------------------------------- runs
@@ -154,6 +173,13 @@ class RunResult:
     train_data: Any = None
     seconds: float = 0.0
     error: Optional[str] = None
+    derived: dict[str, Any] = field(default_factory=dict)
+
+    def memo(self, key: str, compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per run and key (for analyses shared by several panels and claims)."""
+        if key not in self.derived:
+            self.derived[key] = compute()
+        return self.derived[key]
 
     @property
     def final(self) -> dict[str, Any]:

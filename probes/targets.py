@@ -94,29 +94,58 @@ def detect_kind(model: Any, task: Task) -> str:
     sample = task.sample(2, seed=0)
     try:
         logits = run_logits(model, sample.tokens)
-    except RwinterpError:
-        raise
-    except Exception as exc:  # the model refused the query layout: it is not a query-slot model
-        raise RwinterpError(f"the model cannot read the task's walks: {exc}".splitlines()[0]) from None
+    except Exception as exc:  # the model refused the task's walks
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise RwinterpError(f"the model cannot read this task's walks (K={task.n_states}, "
+                            f"N={task.seq_len}): {message}") from None
     return "query" if logits.shape[1] == 1 else "autoregressive"
 
 
-@dataclass
-class Targets:
-    """Predictions of a model on a batch of walks: what it reads and where to look.
+def is_chain(task: Task) -> bool:
+    """Whether the task is a Markov chain of some order, whose parents move with the prediction."""
+    return any(callable(getattr(task, name, None)) for name in ("transition_matrix", "transition_tensor"))
 
-    ``labels[b, i]`` is the true next state of prediction ``i`` of walk ``b``; the prediction is
-    ``logits[b, read[i]]`` and it is made at input position ``source[i]``. ``parents[i]`` marks
-    the input positions of that prediction's parents and ``visible[i]`` those it can attend to.
+
+@dataclass
+class Layout:
+    """Where each prediction is made and where its parents sit (the same for every walk).
+
+    Prediction ``i`` is made at input position ``source[i]``; ``parents[i]`` marks the input
+    positions of its parents and ``visible[i]`` those it can attend to.
     """
 
     kind: str
-    inputs: Int[Tensor, "batch pos"]
-    labels: Int[Tensor, "batch pred"]
-    read: Int[Tensor, " pred"]
     source: Int[Tensor, " pred"]
     parents: Bool[Tensor, "pred pos"]
     visible: Bool[Tensor, "pred pos"]
+
+    def layout(self) -> "Layout":
+        return Layout(self.kind, self.source, self.parents, self.visible)
+
+    def by_offset(self, values: Float[Tensor, "... pred pos"]) -> tuple[Tensor, Tensor]:
+        """Sums of ``values[..., i, j]`` by offset ``j - source[i]`` (``-(n_pos - 1) .. 0``, index
+        ``offset + n_pos - 1``), and how many predictions see each offset."""
+        n_pos = values.shape[-1]
+        sums = values.new_zeros(*values.shape[:-2], n_pos)
+        counts = torch.zeros(n_pos, dtype=values.dtype)
+        for i, s in enumerate(self.source.tolist()):
+            idx = torch.arange(s + 1) - s + n_pos - 1
+            sums.index_add_(-1, idx, values[..., i, : s + 1])
+            counts.index_add_(0, idx, torch.ones(s + 1, dtype=values.dtype))
+        return sums, counts
+
+
+@dataclass
+class Targets(Layout):
+    """Predictions of a model on a batch of walks: what it reads and where to look.
+
+    ``labels[b, i]`` is the true next state of prediction ``i`` of walk ``b``; the prediction is
+    ``logits[b, read[i]]``, made at input position ``source[i]`` (see :class:`Layout`).
+    """
+
+    inputs: Int[Tensor, "batch pos"]
+    labels: Int[Tensor, "batch pred"]
+    read: Int[Tensor, " pred"]
     n_states: int
     n_logit_pos: int
     weights: Float[Tensor, " batch"] | None = None
@@ -154,10 +183,6 @@ class Targets:
         """The state logits of every prediction."""
         return logits[..., self.read, : self.n_states]
 
-    def offsets(self) -> Int[Tensor, "pred pos"]:
-        """``j - source[i]``: where input position ``j`` sits relative to prediction ``i``."""
-        return torch.arange(self.n_pos)[None, :] - self.source[:, None]
-
 
 def targets_for(model: Any, task: Task, batch: Batch, kind: str | None = None) -> Targets:
     """The predictions of ``model`` on ``batch`` (see the module docstring). Checks that the
@@ -176,8 +201,7 @@ def targets_for(model: Any, task: Task, batch: Batch, kind: str | None = None) -
     first = _build(kind, task, batch[:2], 1)
     logits = run_logits(model, first.inputs)
     out = int(logits.shape[-1])
-    require(K <= out <= task.d_vocab,
-            f"mismatched K: the model predicts {out} classes but the task has K={K} states")
+    require(out == K, f"mismatched K: the model predicts {out} classes but the task has K={K} states")
     if kind == "query":
         require(logits.shape[1] in (1, task.seq_len),
                 f"a query-slot model must return logits at 1 or N={task.seq_len} positions, got {logits.shape[1]}")
@@ -195,9 +219,12 @@ def _build(kind: str, task: Task, batch: Batch, n_logit_pos: int) -> Targets:
     if kind == "query":
         parent_mask = torch.zeros(1, N, dtype=torch.bool)
         parent_mask[0, list(parents)] = True
-        return Targets(kind, batch.tokens, batch.labels[:, None], torch.tensor([n_logit_pos - 1]),
-                       torch.tensor([N - 1]), parent_mask, torch.ones(1, N, dtype=torch.bool),
-                       task.n_states, n_logit_pos, batch.weights)
+        return Targets(kind=kind, source=torch.tensor([N - 1]), parents=parent_mask,
+                       visible=torch.ones(1, N, dtype=torch.bool), inputs=batch.tokens,
+                       labels=batch.labels[:, None], read=torch.tensor([n_logit_pos - 1]),
+                       n_states=task.n_states, n_logit_pos=n_logit_pos, weights=batch.weights)
+    require(is_chain(task), f"an autoregressive model predicts every next state, which needs a Markov-chain "
+            f"task (parents that move with the prediction); {task.describe()} is not one")
     require(batch.states is not None,
             "an autoregressive model reads whole walks, but this task's batches have no states")
     rel = torch.tensor(parents) - (N - 1)  # parent offsets from the label position, all < 0
@@ -207,8 +234,9 @@ def _build(kind: str, task: Task, batch: Batch, n_logit_pos: int) -> Targets:
     parent_mask = torch.zeros(len(t), N, dtype=torch.bool)
     parent_mask.scatter_(1, parent_pos, True)
     visible = torch.arange(N)[None, :] <= t[:, None]
-    return Targets(kind, batch.states, batch.states[:, t + 1], t.clone(), t.clone(), parent_mask, visible,
-                   task.n_states, n_logit_pos, batch.weights)
+    return Targets(kind=kind, source=t.clone(), parents=parent_mask, visible=visible, inputs=batch.states,
+                   labels=batch.states[:, t + 1], read=t, n_states=task.n_states, n_logit_pos=n_logit_pos,
+                   weights=batch.weights)
 
 
 def logit_diff(
@@ -230,3 +258,17 @@ def restrict(batch: Batch, n: int | None) -> Batch:
     if n is None or n >= len(batch):
         return batch
     return batch[:n]
+
+
+def run_test_walks(run: Any) -> Batch:
+    """The walks a saved run was evaluated on: its test walks (the population in population
+    mode), rebuilt from the run's training config; runs of another trainer get ``n_test`` (1000)
+    walks from the same seed derivation."""
+    from rwinterp.training import TrainConfig, data_seeds, make_data
+
+    try:
+        config = TrainConfig.from_dict(run.train)
+    except (RwinterpError, TypeError):
+        seed, n = int(run.train.get("seed", 0)), int(run.train.get("n_test", 1000))
+        return run.task.sample(n, data_seeds(seed)[1])
+    return make_data(run.task, config)[1]

@@ -54,18 +54,86 @@ def print_json(obj: Any) -> None:
 # ---------------------------------------------------------------------------------------- train
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("task and model (PAPER.md sections 1-2)")
-    g.add_argument("--K", type=int, default=6, help="number of nodes on the circle (default 6)")
+    g.add_argument("--K", type=int, default=None, help="number of nodes on the circle (default 6)")
     g.add_argument("--N", type=int, default=97, help="positions per sample, query slot included (default 97)")
     g.add_argument("--M", type=int, default=1000, help="positional embedding dimension (default 1000)")
     g.add_argument("--p", type=float, default=0.5, help="probability of a +1 step (default 0.5)")
-    g.add_argument("--pe", choices=["orthogonal", "sine"], default="orthogonal",
-                   help="positional embeddings, both with squared norm M/2 (default orthogonal)")
-    g.add_argument("--init", choices=["zero", "gaussian"], default="zero", help="initialisation (default zero)")
+    g.add_argument("--pe", choices=["orthogonal", "sine", "learned"], default=None,
+                   help="positional embeddings: orthogonal or sine (fixed, squared norm M/2; default "
+                        "orthogonal) or learned (--model deep)")
+    g.add_argument("--init", choices=["zero", "gaussian", "standard"], default=None,
+                   help="initialisation (default zero; standard = GPT-2 style, --model deep)")
     g.add_argument("--sigma", type=float, default=0.01, help="std of the Gaussian initialisation (default 0.01)")
     g.add_argument("--normalize-tokens", action="store_true",
                    help="use x~/||x~|| inside the attention (the paper's random-init runs)")
     g.add_argument("--mlp-width", type=int, default=None, help="FC+ReLU variant with this width m")
     g.add_argument("--dtype", choices=["float32", "float64"], default="float64", help="default float64")
+
+
+#: Options of ``--task`` (rwinterp.chains), and which of the task options each one reads.
+TASK_OPTIONS = {
+    "circle": (),
+    "lazy": ("stay", "start"),
+    "torus": ("rows", "cols", "stay", "start"),
+    "regular": ("degree", "graph_seed", "stay", "start"),
+    "persistent": ("q",),
+    "random-order": ("order", "concentration", "chain_seed"),
+}
+
+#: ``--model deep`` options and the :class:`rwinterp.deep.DeepConfig` fields they set.
+DEEP_OPTIONS = {
+    "layers": "n_layers", "heads": "n_heads", "d_model": "d_model", "d_head": "d_head",
+    "pos_mode": "pos_mode", "token_embedding": "token_embedding", "d_token": "d_token",
+    "key_query": "key_query", "attn_scale": "attn_scale", "values": "values", "readout": "readout",
+    "residual": "residual", "attention": "attention",
+}
+
+
+def add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("other Markov chains (rwinterp.chains)")
+    g.add_argument("--task", choices=list(TASK_OPTIONS), default="circle",
+                   help="circle (the paper's), lazy (circle walk that may stay put), torus (grid walk), "
+                        "regular (random regular graph), persistent (2nd-order circle walk with momentum), "
+                        "random-order (random k-th order chain); default circle")
+    g.add_argument("--stay", type=float, default=None, help="probability of staying put (lazy: default 0.5)")
+    g.add_argument("--rows", type=int, default=None, help="torus rows (K = rows * cols)")
+    g.add_argument("--cols", type=int, default=None, help="torus columns")
+    g.add_argument("--degree", type=int, default=None, help="degree of the random regular graph (default 3)")
+    g.add_argument("--graph-seed", type=int, default=None, help="seed of the random regular graph (default 0)")
+    g.add_argument("--q", type=float, default=None, help="persistent walk: probability of keeping direction (default 0.8)")
+    g.add_argument("--order", type=int, default=None, help="random-order chain: its order k (default 2)")
+    g.add_argument("--concentration", type=float, default=None,
+                   help="random-order chain: Dirichlet concentration of its rows (default 1)")
+    g.add_argument("--chain-seed", type=int, default=None, help="random-order chain: its seed (default 0)")
+    g.add_argument("--start", default=None,
+                   help="distribution of the first state of a lazy/torus/regular walk: uniform (default), "
+                        "a state, or K comma-separated probabilities")
+
+
+def add_deep_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("deeper and standard models (--model deep; rwinterp.deep)")
+    g.add_argument("--model", choices=["paper", "deep"], default="paper",
+                   help="paper: the paper's one-layer model (default); deep: rwinterp.deep.DeepTransformer")
+    g.add_argument("--preset", choices=["paper", "standard"], default=None,
+                   help="deep model starting point: paper (default; the paper's model as a DeepTransformer) or "
+                        "standard (learned added positions, factored QK, residual, causal, GPT-2 init, d_model 32); "
+                        "the options below override it")
+    g.add_argument("--layers", type=int, default=None, help="number of layers")
+    g.add_argument("--heads", type=int, default=None, help="heads per layer")
+    g.add_argument("--d-model", type=int, default=None, help="residual width (added positions)")
+    g.add_argument("--d-head", type=int, default=None, help="head width")
+    g.add_argument("--pos-mode", choices=["concat", "added"], default=None, help="positions concatenated (paper) or added")
+    g.add_argument("--token-embedding", choices=["onehot", "learned"], default=None)
+    g.add_argument("--d-token", type=int, default=None, help="width of learned token embeddings (concat)")
+    g.add_argument("--key-query", choices=["merged", "factored"], default=None, help="merged W (paper) or W_Q, W_K")
+    g.add_argument("--attn-scale", type=float, default=None, help="scores are divided by this (paper: 1)")
+    g.add_argument("--values", choices=["tokens", "all"], default=None,
+                   help="values read the token coordinates (paper) or all of the residual stream")
+    g.add_argument("--readout", choices=["fixed", "learned"], default=None, help="fixed (paper) or learned W_O, W_U")
+    g.add_argument("--residual", action=argparse.BooleanOptionalAction, default=None,
+                   help="add block outputs to the residual stream (paper: no)")
+    g.add_argument("--attention", choices=["query", "causal"], default=None,
+                   help="attend from the query slot only (paper) or causally from every position")
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,11 +151,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--population", action="store_true",
                    help="train and evaluate on the exact population of all walks (small N)")
     g.add_argument("--seed", type=int, default=0, help="seeds initialisation and data (default 0)")
+    g.add_argument("--next-token", action="store_true",
+                   help="train on next-state prediction at every position (causal deep models)")
 
 
-@command("train", "train the paper's model on random walks on a circle")
+@command("train", "train the paper's model (or a deeper one) on random walks on a circle (or other chains)")
 def _train_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     add_model_arguments(parser)
+    add_task_arguments(parser)
+    add_deep_arguments(parser)
     add_train_arguments(parser)
     parser.add_argument("--out", default=None, help="save the run to this directory")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -95,15 +167,94 @@ def _train_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Namesp
     return _train
 
 
-def _train(args: argparse.Namespace) -> int:
+def _start(text: str | None, K: int) -> Any:
+    """``--start``: None (uniform), a state, or K probabilities."""
+    if text is None or text == "uniform":
+        return None
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise RwinterpError(f"--start must be 'uniform', a state or {K} comma-separated probabilities, "
+                            f"got {text!r}") from None
+    if len(values) == 1:
+        state = int(values[0])
+        if state != values[0] or not 0 <= state < K:
+            raise RwinterpError(f"--start state must be an integer in [0, {K - 1}], got {text}")
+        values = [float(i == state) for i in range(K)]
+    return values
+
+
+def make_task(args: argparse.Namespace) -> Any:
+    """The task that ``rwinterp train`` options describe."""
     from rwinterp.tasks import CircleWalk
+
+    for name in ("stay", "rows", "cols", "degree", "graph_seed", "q", "order", "concentration", "chain_seed",
+                 "start"):
+        if getattr(args, name) is not None and name not in TASK_OPTIONS[args.task]:
+            raise RwinterpError(f"--{name.replace('_', '-')} does not apply to --task {args.task}")
+    K = 6 if args.K is None else args.K
+    if args.task == "circle":
+        return CircleWalk(K, args.p, args.N)
+    from rwinterp import chains
+
+    def opt(name: str, default: Any) -> Any:
+        value = getattr(args, name)
+        return default if value is None else value
+
+    if args.task == "lazy":
+        return chains.LazyWalk(K, args.p, opt("stay", 0.5), args.N, _start(args.start, K))
+    if args.task == "torus":
+        if args.rows is None or args.cols is None:
+            raise RwinterpError("--task torus needs --rows and --cols")
+        if args.K is not None and args.K != args.rows * args.cols:
+            raise RwinterpError(f"a {args.rows} x {args.cols} torus has K = {args.rows * args.cols} states, not {args.K}")
+        return chains.TorusWalk(args.rows, args.cols, args.N, opt("stay", 0.0),
+                                _start(args.start, args.rows * args.cols))
+    if args.task == "regular":
+        return chains.RegularGraphWalk(K, opt("degree", 3), args.N, opt("graph_seed", 0), opt("stay", 0.0),
+                                       _start(args.start, K))
+    if args.task == "persistent":
+        return chains.PersistentWalk(K, opt("q", 0.8), args.N)
+    return chains.RandomOrderChain(K, opt("order", 2), args.N, opt("concentration", 1.0), opt("chain_seed", 0))
+
+
+def make_model(args: argparse.Namespace, task: Any) -> Any:
+    """The model that ``rwinterp train`` options describe, sized for ``task``."""
+    deep = {field: getattr(args, name) for name, field in DEEP_OPTIONS.items() if getattr(args, name) is not None}
+    if args.model == "paper":
+        given = [name for name in DEEP_OPTIONS if getattr(args, name) is not None]
+        if given or args.preset is not None:
+            flag = "preset" if args.preset is not None else given[0]
+            raise RwinterpError(f"--{flag.replace('_', '-')} needs --model deep")
+        from rwinterp.config import WalkTransformerConfig
+        from rwinterp.model import WalkTransformer
+
+        return WalkTransformer(WalkTransformerConfig(
+            n_states=task.n_states, n_ctx=task.seq_len, pos_dim=args.M, pos_embedding=args.pe or "orthogonal",
+            init=args.init or "zero", init_sigma=args.sigma, normalize_tokens=args.normalize_tokens,
+            mlp_width=args.mlp_width, seed=args.seed, dtype=args.dtype,
+        ))
+    from rwinterp.deep import DeepConfig, DeepTransformer
+
+    for name, value in (("pos_embedding", args.pe), ("init", args.init), ("mlp_width", args.mlp_width)):
+        if value is not None:
+            deep[name] = value
+    deep.update(init_sigma=args.sigma, normalize_tokens=args.normalize_tokens, seed=args.seed, dtype=args.dtype)
+    if args.preset == "standard":
+        cfg = DeepConfig.standard(task.n_states, task.seq_len, deep.pop("d_model", 32), **deep)
+    else:
+        cfg = DeepConfig.paper(task.n_states, task.seq_len, args.M, **deep)
+    return DeepTransformer(cfg)
+
+
+def _train(args: argparse.Namespace) -> int:
     from rwinterp.training import TrainConfig
 
-    task = CircleWalk(args.K, args.p, args.N)
+    task = make_task(args)
     train_cfg = TrainConfig(
         lr=args.lr, eps=args.eps, steps=args.steps, loss=args.loss, optimizer=args.optimizer,
         batch_size=args.batch_size, weight_decay=args.weight_decay, n_train=args.n_train,
-        n_test=args.n_test, population=args.population, seed=args.seed,
+        n_test=args.n_test, population=args.population, seed=args.seed, next_token=args.next_token,
     )
     if args.population:
         size = task.population_size()
@@ -112,17 +263,11 @@ def _train(args: argparse.Namespace) -> int:
         if size > MAX_POPULATION:
             raise RwinterpError(f"population mode would enumerate {size} walks (limit {MAX_POPULATION}); "
                                 "use a smaller N or sampled walks")
-    from rwinterp.config import WalkTransformerConfig
-    from rwinterp.model import WalkTransformer
     from rwinterp.runs import save_run
     from rwinterp.training import TrainingDiverged, train
 
-    cfg = WalkTransformerConfig(
-        n_states=args.K, n_ctx=args.N, pos_dim=args.M, pos_embedding=args.pe, init=args.init,
-        init_sigma=args.sigma, normalize_tokens=args.normalize_tokens, mlp_width=args.mlp_width,
-        seed=args.seed, dtype=args.dtype,
-    )
-    model = WalkTransformer(cfg)
+    model = make_model(args, task)
+    cfg = model.cfg
     try:
         result = train(model, task, train_cfg, progress=False if args.no_progress or args.json else None)
     except TrainingDiverged as exc:
@@ -138,25 +283,36 @@ def _train(args: argparse.Namespace) -> int:
         "loss": final["loss"],
         "train_seconds": result.train_seconds,
     }
+    if "parent_attention_heads" in final:
+        summary["parent_attention_heads"] = final["parent_attention_heads"]
     if args.out:
         save_run(args.out, model, task, train_cfg.to_dict(), result.history, summary)
-    V = model.V.detach().tolist()
+    V = None if model.V is None else model.V.detach().tolist()
     if args.json:
         print_json({**summary, "V": V, "history": result.history, "task": task.to_dict(),
-                    "model": cfg.to_dict(), "train": train_cfg.to_dict(), "run": args.out})
+                    "model_kind": args.model, "model": cfg.to_dict(), "train": train_cfg.to_dict(),
+                    "run": args.out})
         return 0
+    parents = ", ".join(str(p + 1) for p in task.parent_positions())
     print(f"task        {task.describe()}   (population: {args.population})")
-    print(f"model       K={args.K} N={args.N} M={args.M} pe={args.pe} init={args.init} dtype={args.dtype}")
+    if args.model == "paper":
+        print(f"model       K={cfg.n_states} N={cfg.n_ctx} M={cfg.pos_dim} pe={cfg.pos_embedding} init={cfg.init} "
+              f"dtype={args.dtype}")
+    else:
+        print(f"model       {cfg.describe()}")
     print(f"training    {train_cfg.optimizer} lr={train_cfg.lr} eps={train_cfg.eps} steps={train_cfg.steps} "
-          f"loss={train_cfg.loss} ({result.train_seconds:.2f} s)")
+          f"loss={train_cfg.loss}{' next-token' if train_cfg.next_token else ''} ({result.train_seconds:.2f} s)")
     print(f"accuracy    test {summary['test_accuracy']:.4f}  train {summary['train_accuracy']:.4f}  "
-          f"Bayes max(p, 1-p) {summary['bayes_accuracy']:.4f}")
-    print(f"attention   mean on the parent (position N-1): {summary['parent_attention']:.4f}")
+          f"Bayes {summary['bayes_accuracy']:.4f}")
+    print(f"attention   mean on the parent(s) (position {parents}, 1-indexed): {summary['parent_attention']:.4f}")
+    for layer, heads in enumerate(summary.get("parent_attention_heads", [])):
+        print(f"   layer {layer}: " + "  ".join(f"head {h} {a:.4f}" for h, a in enumerate(heads)))
     vd = summary["v_distance"]
     print(f"V vs Pi^T   ||V/||V|| - Pi^T/||Pi^T|| ||_F = {'n/a' if vd is None else f'{vd:.4f}'}")
-    print("V (f = V X S; a trained V approaches Pi^T):")
-    for row in V:
-        print("   " + " ".join(f"{x:8.3f}" for x in row))
+    if V is not None:
+        print("V (f = V X S; a trained V approaches Pi^T):")
+        for row in V:
+            print("   " + " ".join(f"{x:8.3f}" for x in row))
     if args.out:
         print(f"saved run   {args.out}")
     return 0

@@ -55,6 +55,9 @@ class WalkTransformerConfig(TransformerLensConfig):
     init: str = "zero"
     init_sigma: float = 0.01
     normalize_tokens: bool = False
+    #: With ``normalize_tokens``: normalise the query x~_N too (True, the natural reading) or only
+    #: the keys x~_1..x~_N (False). Ignored without ``normalize_tokens``.
+    normalize_query: bool = True
     mlp_width: Optional[int] = None
     seed: int = 0
     device: Optional[str] = "cpu"
@@ -96,7 +99,7 @@ class WalkTransformerConfig(TransformerLensConfig):
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable: only the fields a user sets (derived ones are recomputed)."""
         keep = ("n_states", "n_ctx", "pos_dim", "pos_embedding", "init", "init_sigma",
-                "normalize_tokens", "mlp_width", "seed", "dtype")
+                "normalize_tokens", "normalize_query", "mlp_width", "seed", "dtype")
         out = {k: getattr(self, k) for k in keep}
         out["dtype"] = dtype_name(self.dtype)
         return out

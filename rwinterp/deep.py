@@ -67,8 +67,8 @@ hook                                shape                        content
 ==================================  ===========================  =====================================
 
 ``x_q``/``x_k`` are the residual rows divided by their norm when ``normalize_tokens`` is set (the
-paper's random-initialisation runs). In ``query`` mode the rows other than the query slot pass
-through every block unchanged. With ``key_query = "merged"``, ``W_Q = W^T`` and ``W_K = I``
+paper's random-initialisation runs; ``normalize_query = False`` normalises the keys only). In
+``query`` mode the rows other than the query slot pass through every block unchanged. With ``key_query = "merged"``, ``W_Q = W^T`` and ``W_K = I``
 (``d_qk = d_model``), so ``W_Q W_K^T = W^T`` as TransformerLens expects (``score = q . k``).
 """
 
@@ -108,7 +108,7 @@ CHOICES = {
 USER_FIELDS = ("n_states", "n_ctx", "n_layers", "n_heads", "pos_mode", "pos_embedding", "pos_dim",
                "d_model", "d_head", "token_embedding", "d_token", "key_query", "attn_scale", "values",
                "readout", "residual", "attention", "mlp_width", "init", "init_sigma",
-               "normalize_tokens", "seed", "dtype")
+               "normalize_tokens", "normalize_query", "seed", "dtype")
 
 
 @dataclass
@@ -144,6 +144,7 @@ class DeepConfig(TransformerLensConfig):
     init: str = "zero"
     init_sigma: float = 0.01
     normalize_tokens: bool = False
+    normalize_query: bool = True
     seed: int = 0
     device: Optional[str] = "cpu"
     normalization_type: Optional[str] = None
@@ -192,6 +193,9 @@ class DeepConfig(TransformerLensConfig):
                     f"(got {M}, N={N})")
         elif self.pos_embedding == "sine":
             require(M > N, f"sine positional embeddings need {'M' if concat else 'd_model'} > N (got {M}, N={N})")
+        if self.mlp_width is not None:
+            require(isinstance(self.mlp_width, int) and self.mlp_width >= 1,
+                    f"mlp width must be a positive integer, got {self.mlp_width}")
         if self.d_head in (-1, None):
             self.d_head = K if self.readout == "fixed" else max(1, self.d_model // self.n_heads)
         require(isinstance(self.d_head, int) and self.d_head >= 1, f"d_head must be a positive integer, got {self.d_head}")
@@ -199,9 +203,6 @@ class DeepConfig(TransformerLensConfig):
             require(self.d_head <= self.d_model and K <= self.d_model,
                     f"the fixed readout needs d_head <= d_model and K <= d_model (got d_head={self.d_head}, "
                     f"K={K}, d_model={self.d_model})")
-        if self.mlp_width is not None:
-            require(isinstance(self.mlp_width, int) and self.mlp_width >= 1,
-                    f"mlp width must be a positive integer, got {self.mlp_width}")
         require(isinstance(self.attn_scale, (int, float)) and math.isfinite(self.attn_scale) and self.attn_scale > 0,
                 f"attn_scale must be positive, got {self.attn_scale}")
         require(self.init_sigma >= 0, f"sigma must be non-negative, got {self.init_sigma}")
@@ -244,6 +245,17 @@ class DeepConfig(TransformerLensConfig):
             options["attn_scale"] = math.sqrt(options.get("d_head") or max(1, d_model // heads))
         return cls(n_states=n_states, n_ctx=n_ctx, d_model=d_model, **options)
 
+    def describe(self) -> str:
+        """One line naming every option."""
+        pos = f"{self.pos_mode} {self.pos_embedding}" + (f" M={self.pos_dim}" if self.pos_mode == "concat" else "")
+        mlp = f" mlp={self.mlp_width}" if self.mlp_width is not None else ""
+        init = self.init + (f"({self.init_sigma})" if self.init == "gaussian" else "")
+        return (f"deep {self.n_layers} layer(s) x {self.n_heads} head(s), K={self.n_states} N={self.n_ctx} "
+                f"d_model={self.d_model} d_head={self.d_head}, positions {pos}, tokens {self.token_embedding}, "
+                f"{self.key_query} QK / {self.attn_scale:g}, values {self.values}, readout {self.readout}, "
+                f"residual {'on' if self.residual else 'off'}, {self.attention} attention{mlp}, init {init}"
+                f"{', normalised tokens' if self.normalize_tokens else ''}, {dtype_name(self.dtype)}")
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable: only the fields a user sets."""
         out = {k: getattr(self, k) for k in USER_FIELDS}
@@ -284,7 +296,8 @@ class Attention(nn.Module):
     def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch Q d_model"]:
         cfg = self.cfg
         x = resid / resid.norm(dim=-1, keepdim=True).clamp_min(1e-30) if cfg.normalize_tokens else resid
-        x_q = x[:, -1:] if cfg.attention == "query" else x
+        x_q = x if cfg.normalize_query else resid
+        x_q = x_q[:, -1:] if cfg.attention == "query" else x_q
         if cfg.key_query == "merged":
             q = torch.einsum("bqm,hnm->bqhn", x_q, self.W)  # W[h] x_q
             k = x[:, :, None, :].expand(-1, -1, cfg.n_heads, -1)
@@ -522,7 +535,8 @@ def paper_config(walk_cfg: WalkTransformerConfig) -> DeepConfig:
     """The :class:`DeepConfig` equivalent to a :class:`rwinterp.config.WalkTransformerConfig`."""
     return DeepConfig.paper(
         walk_cfg.n_states, walk_cfg.n_ctx, walk_cfg.pos_dim, pos_embedding=walk_cfg.pos_embedding,
-        normalize_tokens=walk_cfg.normalize_tokens, mlp_width=walk_cfg.mlp_width, init=walk_cfg.init,
+        normalize_tokens=walk_cfg.normalize_tokens, normalize_query=getattr(walk_cfg, "normalize_query", True),
+        mlp_width=walk_cfg.mlp_width, init=walk_cfg.init,
         init_sigma=walk_cfg.init_sigma, seed=walk_cfg.seed, dtype=walk_cfg.dtype)
 
 

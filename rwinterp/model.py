@@ -202,7 +202,7 @@ class WalkTransformer(HookedRootModule):
 
     @property
     def u(self) -> Float[Tensor, " d_model"]:
-        """``W x~_N`` (``W x~_N / ||x~_N||`` with normalised tokens): all of W the model uses."""
+        """``W q`` with ``q`` the :meth:`query_vector` (``x~_N``, or ``x~_N/||x~_N||``): all of W the model uses."""
         return self.attn.u
 
     @property
@@ -211,9 +211,10 @@ class WalkTransformer(HookedRootModule):
         return self.blocks[0].mlp.A
 
     def query_vector(self) -> Float[Tensor, " d_model"]:
-        """The query as the attention sees it: ``x~_N``, or ``x~_N/||x~_N||`` with normalised tokens."""
+        """The query as the attention sees it: ``x~_N``, or ``x~_N/||x~_N||`` with normalised tokens
+        (unless ``normalize_query`` is off: then only the keys are normalised)."""
         q = self.W_pos[-1]
-        return q / q.norm() if self.cfg.normalize_tokens else q
+        return q / q.norm() if self.cfg.normalize_tokens and self.cfg.normalize_query else q
 
     def u_lr_scale(self) -> float:
         """``||query||^2``: gradient descent on W moves ``u`` by this factor times ``-lr dL/du``."""

@@ -85,6 +85,11 @@ def _kind(name: str) -> ModelKind:
     return _MODEL_KINDS[name]
 
 
+def build_model(kind: str, config: dict[str, Any]) -> nn.Module:
+    """A fresh model of a registered kind (``"walk"``, ``"deep"``, ...) from its config dict."""
+    return _kind(kind).build(dict(config))
+
+
 @dataclass
 class Run:
     """A loaded run: the model (in eval mode), its task, and what training recorded."""

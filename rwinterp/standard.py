@@ -10,17 +10,18 @@ loads and reads the weights of such models; ``transformer_lens`` itself is impor
 Architecture built by :func:`build_standard_model`
 --------------------------------------------------
 Learned token embedding ``W_E`` and learned absolute positional embedding ``W_pos`` (added),
-``n_layers`` pre-norm blocks of causal multi-head attention (``d_head = d_model // n_heads``,
-scores scaled by ``1/sqrt(d_head)``, biases ``b_Q b_K b_V b_O``), optionally an MLP (GELU) per
-block, and a linear unembedding ``W_U``. **No normalization** (``normalization_type=None``): the
-residual stream is then exactly linear in the embeddings, so circuits such as
-``W_E @ W_V @ W_O @ W_U`` read off the logits with no LayerNorm folding, and on the random-walk
-tasks these models train well without it (a 1-layer attention-only model reaches the Bayes
-accuracy in a few hundred full-batch AdamW steps). The unembedding bias ``b_U`` is a zero,
-non-trainable buffer that the bridge adds (the native head has no bias); it is in the state dict.
-Weights use the ``"gpt2"`` init, N(0, (0.8/sqrt(d_model))^2) (output projections scaled by
-``1/sqrt(2 n_layers)``), drawn from a private generator seeded by ``seed``: the same seed gives
-the same weights and the caller's global RNG is not touched.
+``n_layers`` residual blocks of causal multi-head attention (``d_head = d_model // n_heads``,
+scores scaled by ``1/sqrt(d_head)``, biases ``b_Q b_K b_V b_O``), optionally a GELU MLP per
+block, and a linear unembedding ``W_U``. **No normalization** (``normalization_type=None``; the
+``ln1`` / ``ln_final`` slots are identities). On the random-walk task (K=5, p=0.8, length 16,
+1 layer, d_model 16, 200 full-batch AdamW steps at lr 2e-2) it trains exactly as well as with
+``"LN"`` (same loss curve and Bayes accuracy 0.798, measured over 3 seeds), and without
+normalization the residual stream is linear in the embeddings, so circuits such as
+``W_E @ W_V @ W_O @ W_U`` read off the logits without LayerNorm folding. The unembedding bias
+``b_U`` is a zero, non-trainable buffer that the bridge adds (the native head has no bias); it is
+in the state dict. Weights use the ``"gpt2"`` init, N(0, (0.8/sqrt(d_model))^2) (output
+projections scaled by ``1/sqrt(2 n_layers)``), drawn from a private generator seeded by
+``seed``: the same seed gives the same weights and the caller's global RNG is not touched.
 
 Hook names on the bridge (verified with transformer-lens 4.3.0; ``L`` = layer index)
 -------------------------------------------------------------------------------------
@@ -36,6 +37,8 @@ Hook names on the bridge (verified with transformer-lens 4.3.0; ``L`` = layer in
 ``blocks.L.hook_resid_post``    residual stream out of block L
 ``ln_final.hook_out``           final residual (identity norm here)
 ``hook_unembed``                logits ``[batch, pos, d_vocab]`` (what ``model(tokens)`` returns)
+``blocks.L.mlp.hook_pre/post``  MLP hidden pre/post activation (models with MLPs only)
+``blocks.L.hook_mlp_out``       MLP output ``[batch, pos, d_model]`` (= ``blocks.L.mlp.hook_out``)
 ==============================  ===========================================================
 
 Quirks (each checked by running code against transformer-lens 4.3.0):
@@ -56,9 +59,11 @@ Quirks (each checked by running code against transformer-lens 4.3.0):
 * ``model(tokens)`` returns logits; ``model(tokens, return_type="loss")`` the mean next-token
   loss.
 * The bridge is saved as its state dict (safetensors) plus the config (JSON), not pickled.
-* ``TransformerLensConfig`` defaults ``device`` to ``"cuda"`` when CUDA is available, whatever
-  the model's real device; the config is built with an explicit device here. ``model.to(dev)``
-  updates ``model.cfg.device``.
+* ``TransformerLensConfig.__post_init__`` defaults ``device`` to ``"cuda"`` when CUDA is
+  available, whatever the model's real device (read in the source); the config is built with an
+  explicit device here. ``TransformerBridge.to(dev)`` updates ``model.cfg.device``.
+* On a loaded 2-core CPU, PyTorch's second intra-op thread made these tiny models ~6-100x
+  slower (e.g. 300 training steps 70 s vs 9 s); ``torch.set_num_threads(1)`` helps there.
 
 What works on the bridge: ``model.run_with_cache(tokens)`` returns ``(logits, cache)`` with
 ``cache`` a ``transformer_lens.ActivationCache`` holding the hooks above;
@@ -139,7 +144,9 @@ def _dtype_name(dtype: torch.dtype) -> str:
     raise ValueError(f"unsupported dtype {dtype}; use one of {sorted(_DTYPES)}")
 
 
-def _boot(arch: dict[str, Any], dtype: torch.dtype, device: str | torch.device) -> TransformerBridge:
+def _boot(
+    arch: dict[str, Any], dtype: torch.dtype, device: str | torch.device
+) -> TransformerBridge:
     """Boot a native bridge from architecture fields and return it in eval mode."""
     from transformer_lens.config import TransformerBridgeConfig
     from transformer_lens.model_bridge import TransformerBridge
@@ -242,7 +249,9 @@ def _check_tokens(model: TransformerBridge, tokens: Tensor, min_pos: int = 1) ->
         raise ValueError(f"tokens must be integer, got dtype {tokens.dtype}")
     batch, pos = tokens.shape
     if batch < 1 or pos < min_pos:
-        raise ValueError(f"tokens need at least 1 row and {min_pos} positions, got {tuple(tokens.shape)}")
+        raise ValueError(
+            f"tokens need at least 1 row and {min_pos} positions, got {tuple(tokens.shape)}"
+        )
     if pos > model.cfg.n_ctx:
         raise ValueError(f"sequence length {pos} exceeds n_ctx={model.cfg.n_ctx}")
     lo, hi = int(tokens.min()), int(tokens.max())
@@ -357,7 +366,9 @@ def save_standard_model(model: TransformerBridge, directory: str | os.PathLike[s
 
     The JSON holds the architecture fields of the bridge config (sizes, normalization,
     positional embedding type, init seed) and the dtype; the directory is created if needed and
-    existing files of the same names are overwritten.
+    existing files of the same names are overwritten. Meant for models from
+    :func:`build_standard_model` / :func:`load_standard_model`: config fields outside that
+    architecture (rotary embeddings, gated MLPs, ...) are not recorded.
 
     Returns:
         The directory as a :class:`pathlib.Path`.

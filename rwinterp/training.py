@@ -38,6 +38,7 @@ from rwinterp.model import WalkTransformer
 from rwinterp.tasks import Batch, Task
 
 OPTIMIZERS = ("gd", "sgd", "adamw")
+REDUCTIONS = ("mean", "sum")
 
 
 @dataclass
@@ -56,6 +57,7 @@ class TrainConfig:
     population: bool = False
     seed: int = 0
     next_token: bool = False
+    reduction: str = "mean"
 
     def __post_init__(self) -> None:
         require(isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0,
@@ -69,6 +71,8 @@ class TrainConfig:
         require(self.batch_size is None or self.batch_size >= 1, "batch size must be >= 1")
         require(self.weight_decay >= 0, "weight decay must be >= 0")
         require(self.n_train >= 1 and self.n_test >= 1, "n-train and n-test must be >= 1")
+        require(self.reduction in REDUCTIONS,
+                f"reduction must be one of {', '.join(REDUCTIONS)}, got {self.reduction!r}")
         require(not (self.population and self.optimizer == "sgd"),
                 "population mode trains on the exact expectation: use --optimizer gd or adamw")
 
@@ -155,6 +159,20 @@ def objective(config: TrainConfig, logits: torch.Tensor, batch: Batch) -> torch.
     targets = torch.cat([batch.states[:, 1:], batch.labels[:, None]], dim=1)
     per_position = losses.per_sample_loss(config.loss, logits.flatten(0, 1), targets.flatten(), config.eps)
     return losses.average(per_position.view(targets.shape).mean(1), batch.weights)
+
+
+def reduction_scale(config: TrainConfig, batch: Batch) -> float:
+    """What the mean loss is multiplied by before the gradient step.
+
+    ``reduction="mean"`` (the paper's reading): 1. ``reduction="sum"``: the loss summed over the
+    walks of the batch rather than averaged, i.e. the mean times the number of walks (with
+    ``population=True``, ``n_train`` times the expectation: the expected summed loss over ``n_train``
+    walks). Plain gradient descent on the sum with learning rate ``lr`` is gradient descent on the
+    mean with learning rate ``lr * n``. The recorded ``loss`` stays the mean per walk.
+    """
+    if config.reduction == "mean":
+        return 1.0
+    return float(config.n_train if batch.weights is not None else len(batch))
 
 
 def _optimizer(model: WalkTransformer, config: TrainConfig) -> torch.optim.Optimizer:
@@ -251,7 +269,7 @@ def train(
             idx = torch.randint(len(train_data), (config.batch_size,), generator=gen)
             mini = train_data[idx]
             loss = objective(config, model(mini.tokens), mini)
-        loss.backward()
+        (loss * reduction_scale(config, train_data if full_batch else mini)).backward()
         optimizer.step()
     model.eval()
     result.train_seconds = time.perf_counter() - start

@@ -28,7 +28,7 @@ def reference_scores(model, tokens):
     P = positional_embeddings(cfg.pos_embedding, N, cfg.pos_dim).to(cfg.dtype)
     Xt = torch.cat([X, P.expand(len(tokens), -1, -1)], dim=-1)  # x~_i
     keys = Xt / Xt.norm(dim=-1, keepdim=True) if cfg.normalize_tokens else Xt
-    q = keys[0, -1]
+    q = keys[0, -1] if cfg.normalize_query else Xt[0, -1]  # keys-only normalisation keeps x~_N
     S = torch.softmax(keys @ (model.W @ q), dim=-1)
     h = torch.einsum("bn,bnk->bk", S, X)
     out = h @ model.V.T
@@ -37,11 +37,12 @@ def reference_scores(model, tokens):
     return out
 
 
-@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("normalize", [False, True, "keys"])
 @pytest.mark.parametrize("pe", ["orthogonal", "sine"])
 @pytest.mark.parametrize("mlp", [None, 7])
 def test_forward_matches_the_paper_formula(normalize, pe, mlp):
-    model = small(normalize_tokens=normalize, pos_embedding=pe, mlp_width=mlp)
+    model = small(normalize_tokens=normalize is not False, normalize_query=normalize != "keys",
+                  pos_embedding=pe, mlp_width=mlp)
     tokens = CircleWalk(5, 0.6, 9).sample(64, 0).tokens
     expected = reference_scores(model, tokens)
     fast = model(tokens)[:, 0]

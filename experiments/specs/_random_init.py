@@ -1,0 +1,327 @@
+"""Shared runs, quantities and measurements for the random-initialisation figures (6, 11, 12, 13).
+
+The paper trains its model from a small Gaussian initialisation, N(0, 0.01^2) on V and W, with
+"x~_i normalised to unit length inside the softmax attention", lr 0.01, eps 0.1, 1000/1000 walks and
+1000 steps (K 6, N 97, M 1000), at p = 0.5 (Figs 6a,b and 11) and p = 1 (Figs 6c,d, 12 and 13). It
+reports: p = 0.5 reaches about 0.5 accuracy after roughly 400 steps; p = 1 does not reach 100% within
+1000 steps; the KL divergence to the true next-state distribution falls much faster for p = 0.5; for
+p = 1, V stays proportional to all-ones and the attention-averaged token stays the same for every
+walk up to about step 700, after which one token takes much more weight.
+
+Read literally (mean loss, every x~_i and the query normalised), nothing is learned in 1000 steps:
+unit-norm keys make the attention scores move by about ``lr * dL/dscore``, some 10^-4 per step. Every
+figure therefore trains the same few *readings* of the under-specified details side by side, each at
+p = 0.5 and p = 1, and checks every claim on every reading (:data:`READINGS`). How the model output is
+turned into a distribution for the KL is not stated either: both ``f+/sum f+`` (negative scores
+clipped to 0) and ``softmax(f)`` are recorded.
+
+Readings tried outside the specs (scratch runs with the same data, no better): unit-norm positional
+embeddings (``x~_i = [x_i; p_i/||p_i||]`` normalised, or token and position parts normalised
+separately) with mean or summed loss learn nothing in 1000 steps (the attention settles on token
+identity, the same for every walk, accuracy 0.19 / 0.16); mean loss at lr 1 learns nothing in 1000
+steps; other loss scales (mean loss at lr 2.5 or 40) move both timings together (p = 0.5 not learned by
+1000 at lr 2.5; p = 0.5 at 130 and p = 1 at 90 at lr 40); float32 and sine embeddings change nothing
+here (the random initialisation, not round-off, breaks the p = 1 symmetry).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from experiments.spec import (Claim, Computed, FigureSpec, Final, Panel, Record, Results, RunSpec, StepView, at_least,
+                              at_most, between, is_true, quantity, walk_run)
+from experiments.specs._walk import first_step_within, neighbours_dominate
+
+K, N = 6, 97
+#: The paper's random-initialisation setting (PAPER.md section 4, Figs 6 and 11 to 13).
+MODEL = {"pos_dim": 1000, "init": "gaussian", "init_sigma": 0.01, "normalize_tokens": True}
+TRAIN = {"lr": 0.01, "eps": 0.1, "steps": 1000, "n_train": 1000, "n_test": 1000}
+#: The steps at which the paper shows V and the averaged token (Figs 12, 13).
+SHOWN = (100, 400, 700, 1000)
+#: Every how many steps the per-step quantities (KL, V, averaged token) are recorded.
+EVERY = 10
+#: The averaged token counts as walk-dependent (symmetry broken) once its largest per-coordinate
+#: variance over the test walks exceeds this (a one-hot token under uniform labels has 5/36 = 0.14;
+#: uniform attention on a deterministic walk gives exactly 0).
+BROKEN_VARIANCE = 0.01
+#: V counts as "proportional to all-ones" while max|V[:, j] - V[:, 0]| / max|V| stays below this
+#: (the N(0, 0.01^2) initial noise alone leaves about 0.06 after 1000 steps of the literal reading).
+ONES_SPREAD = 0.1
+#: Reduced mode (CI): a short walk (N = 2K + 1), small embeddings, few steps and walks; snapshots every 5 steps.
+REDUCED = {"task": {"N": 2 * K + 1}, "model": {"pos_dim": 200}, "train": {"steps": 20, "n_train": 200, "n_test": 200},
+           "record": {"at": tuple(range(0, 21, 5))}}
+QUANTITIES = ("V", "attention", "averaged_token", "v_column_spread", "kl_normalised", "kl_softmax")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One reading of the paper's under-specified random-initialisation setting."""
+
+    name: str
+    label: str
+    model: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    about: str = ""
+
+
+READINGS = (
+    Reading("paper", "as stated: mean loss, x~ and query normalised",
+            about="the natural reading of PAPER.md: mean loss over the 1000 walks, every x~_i and the "
+                  "query x~_N divided by its norm inside the attention"),
+    Reading("summed", "loss summed over the walks",
+            train={"reduction": "sum"},
+            about="the loss summed, not averaged, over the 1000 training walks: gradient descent at "
+                  "lr 0.01 on the sum is gradient descent at lr 10 on the mean"),
+    Reading("keys", "only the keys normalised",
+            model={"normalize_query": False},
+            about="mean loss; the keys x~_i are normalised but the query x~_N keeps its norm sqrt(M/2), "
+                  "so attention scores move about 500 times faster (normalising only the query is the "
+                  "same up to 0.2%)"),
+    Reading("summed_small", "summed loss, sigma 1e-4 (not the paper's)",
+            model={"init_sigma": 1e-4}, train={"reduction": "sum"},
+            about="the summed loss with a 100 times smaller initialisation: NOT the paper's stated "
+                  "N(0, 0.01^2); it shows that the p = 1 symmetry-breaking time is set by the size of "
+                  "the initial noise (about (log 1/sigma)^2), while p = 0.5 is driven by the data"),
+)
+
+
+def run_name(reading: Reading, p: float) -> str:
+    return f"{reading.name}_p{'05' if p == 0.5 else '1'}"
+
+
+def make_run(reading: Reading, p: float) -> RunSpec:
+    record = Record(QUANTITIES, at=tuple(range(0, TRAIN["steps"] + 1, EVERY)))
+    return walk_run(run_name(reading, p), K, p, N, model={**MODEL, **reading.model},
+                    train={**TRAIN, **reading.train}, record=record, label=reading.label)
+
+
+def runs(ps: tuple[float, ...] = (0.5, 1.0)) -> list[RunSpec]:
+    """Every reading's run at every p in ``ps`` (identical runs are trained once across figures)."""
+    return [make_run(r, p) for r in READINGS for p in ps]
+
+
+# ----------------------------------------------------------------------------------- quantities
+def kl_to_truth(task: Any, tokens: torch.Tensor, scores: torch.Tensor,
+                to_distribution: Callable[[torch.Tensor], torch.Tensor]) -> float:
+    """Mean over walks of KL(P(y | x_{N-1}) || q), q the model's scores ``[B, K]`` made a distribution.
+
+    Terms with P = 0 contribute 0; q is floored at 1e-12 so a zero where P > 0 costs about 27 nats
+    rather than infinity.
+    """
+    scores = scores.detach().to(torch.float64)
+    truth = task.conditional(tokens).to(torch.float64)
+    q = to_distribution(scores).clamp_min(1e-12)
+    terms = torch.where(truth > 0, truth * (truth.clamp_min(1e-300).log() - q.log()), torch.zeros_like(truth))
+    return float(terms.sum(-1).mean())
+
+
+def clipped_normalised(scores: torch.Tensor) -> torch.Tensor:
+    """``f+ / sum f+`` with ``f+ = max(f, 0)``; uniform where every score is <= 0."""
+    pos = scores.clamp_min(0)
+    total = pos.sum(-1, keepdim=True)
+    uniform = torch.full_like(pos, 1 / pos.shape[-1])
+    return torch.where(total > 0, pos / total.clamp_min(1e-300), uniform)
+
+
+def softmax(scores: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(scores, -1)
+
+
+@quantity("kl_normalised")
+def kl_normalised(view: StepView) -> float:
+    """KL from the true next-state distribution to the scores normalised as ``f+/sum f+``."""
+    return kl_to_truth(view.task, view.test.tokens, view.scores, clipped_normalised)
+
+
+@quantity("kl_softmax")
+def kl_softmax(view: StepView) -> float:
+    """KL from the true next-state distribution to ``softmax(f)``."""
+    return kl_to_truth(view.task, view.test.tokens, view.scores, softmax)
+
+
+# --------------------------------------------------------------------------------- measurements
+def accuracy_at(results: Results, run: str, step: int) -> float:
+    """Test accuracy at ``step`` (the last step if training was shorter)."""
+    history = results[run].history
+    return float(next((h for h in history if h["step"] == step), history[-1])["test_accuracy"])
+
+
+def max_accuracy(results: Results, run: str) -> float:
+    return float(max(h["test_accuracy"] for h in results[run].history))
+
+
+def first_step(results: Results, run: str, key: str, pred: Callable[[Any], bool]) -> float:
+    """First recorded step whose ``key`` satisfies ``pred`` (inf if none)."""
+    by_step = results[run].snapshots[key]
+    return float(next((s for s in sorted(by_step) if pred(by_step[s])), math.inf))
+
+
+def max_variance(avg: dict[str, Any]) -> float:
+    """Largest per-coordinate variance of the averaged token over the test walks."""
+    return float(np.max(avg["var"]))
+
+
+def breaking_step(results: Results, run: str) -> float:
+    """First recorded step at which the averaged token depends on the walk (variance > threshold)."""
+    return first_step(results, run, "averaged_token", lambda a: max_variance(a) > BROKEN_VARIANCE)
+
+
+def kl_half_step(results: Results, run: str, key: str) -> float:
+    """First recorded step at which the KL is at most half that of the uniform prediction (inf if none)."""
+    r = results[run]
+    uniform = kl_uniform(r)
+    return first_step(results, run, key, lambda v: v <= uniform / 2)
+
+
+def kl_uniform(run: Any) -> float:
+    """KL from the true distribution to the uniform one: log K - H(P(y | x_{N-1}))."""
+    truth = run.task.conditional(run.test.tokens).to(torch.float64)
+    entropy = -(truth * truth.clamp_min(1e-300).log()).sum(-1).mean()
+    return float(math.log(truth.shape[-1]) - entropy)
+
+
+def kl_speedup(results: Results, reading: Reading, key: str) -> float:
+    """How many times sooner the KL halves at p = 0.5 than at p = 1 (a lower bound if p = 1 never
+    halves; NaN if p = 0.5 never does)."""
+    t05 = kl_half_step(results, run_name(reading, 0.5), key)
+    run1 = run_name(reading, 1.0)
+    t1 = kl_half_step(results, run1, key)
+    if math.isinf(t05):
+        return math.nan
+    if math.isinf(t1):  # p = 1 never halves: a lower bound, as if it halved just after the last step
+        t1 = results[run1].history[-1]["step"] + EVERY
+    return t1 / max(t05, 1.0)
+
+
+def spread_at(results: Results, run: str, step: int) -> float:
+    """``max|V[:, j] - V[:, 0]| / max|V|`` at the recorded step nearest below ``step``."""
+    return float(results[run].at("v_column_spread", step)[1])
+
+
+def parent_is_largest(results: Results, run: str) -> bool:
+    """The parent position N-1 holds the largest mean attention at the last step."""
+    attention = np.asarray(results[run].final["attention"])
+    return int(np.argmax(attention)) in results[run].task.parent_positions()
+
+
+def top_token_weight(results: Results, run: str, step: int) -> float:
+    """Largest coordinate of the first test walk's averaged token at ``step`` (1/K when uniform)."""
+    return float(np.max(results[run].at("averaged_token", step)[1]["example"]))
+
+
+# ------------------------------------------------------------------------------------ claims
+def fig6_claims(reading: Reading) -> list[Claim]:
+    p05, p1 = run_name(reading, 0.5), run_name(reading, 1.0)
+    tag = f"[{reading.name}] "
+    return [
+        Claim(tag + "p = 0.5 reaches about 0.5 accuracy after roughly 400 steps (first step within 3 "
+              "standard errors of 0.5)",
+              Computed(lambda r: first_step_within(r, p05, 0.5)), between(200, 600),
+              note="'roughly 400' read as 200 to 600 steps. " + reading.about),
+        Claim(tag + "p = 0.5 accuracy after 1000 steps is about 0.5",
+              Computed(lambda r: accuracy_at(r, p05, 1000)), between(0.5 - 0.047, 0.5 + 0.047),
+              note="3 standard errors of 1000 test walks"),
+        Claim(tag + "p = 1 does not reach 100% accuracy within 1000 steps (best test accuracy)",
+              Computed(lambda r: max_accuracy(r, p1)), at_most(0.999)),
+        Claim(tag + "the KL (f+/sum f+) falls much faster for p = 0.5: it halves (vs the uniform "
+              "prediction) at least twice as soon as for p = 1",
+              Computed(lambda r: kl_speedup(r, reading, "kl_normalised")), at_least(2),
+              note="measured: step at which p = 1 halves / step at which p = 0.5 halves (a lower bound if "
+                   "p = 1 never halves; null: p = 0.5 never halves within 1000 steps)"),
+        Claim(tag + "the KL (softmax f) falls much faster for p = 0.5 (same measure)",
+              Computed(lambda r: kl_speedup(r, reading, "kl_softmax")), at_least(2),
+              note="the paper does not say how f is normalised; softmax is the other natural choice"),
+    ]
+
+
+def fig11_claims(reading: Reading) -> list[Claim]:
+    run = run_name(reading, 0.5)
+    tag = f"[{reading.name}] "
+    return [
+        Claim(tag + "V recovers Pi^T: in every column the +1 and -1 neighbours hold the largest entries",
+              Computed(lambda r: neighbours_dominate(r[run].final["V"], 0.5)), is_true()),
+        Claim(tag + "attention on the parent position N-1 is the largest",
+              Computed(lambda r: parent_is_largest(r, run)), is_true()),
+        Claim(tag + "attention on the parent is near 1",
+              Computed(lambda r: r[run].history[-1]["parent_attention"]), at_least(0.9)),
+    ]
+
+
+def fig12_claims(reading: Reading) -> list[Claim]:
+    run = run_name(reading, 1.0)
+    tag = f"[{reading.name}] "
+    return [
+        Claim(tag + f"V is proportional to all-ones up to about step 700 (column spread < {ONES_SPREAD})",
+              Computed(lambda r: spread_at(r, run, 700)), at_most(ONES_SPREAD),
+              note="spread = max|V[:, j] - V[:, 0]| / max|V|; the initial noise alone leaves about 0.06"),
+        Claim(tag + f"V is no longer proportional to all-ones at step 1000 (column spread >= {ONES_SPREAD})",
+              Computed(lambda r: spread_at(r, run, 1000)), at_least(ONES_SPREAD)),
+    ]
+
+
+def fig13_claims(reading: Reading) -> list[Claim]:
+    run = run_name(reading, 1.0)
+    tag = f"[{reading.name}] "
+    return [
+        Claim(tag + "the averaged token's variance over walks stays near 0 until about step 700 "
+              f"(first step with variance > {BROKEN_VARIANCE})",
+              Computed(lambda r: breaking_step(r, run)), between(600, 1000),
+              note="'about 700' read as 600 to 1000 (the paper shows 700 still symmetric and 1000 broken)"),
+        Claim(tag + "at step 1000 one token of the example walk receives much more weight (> 0.5)",
+              Computed(lambda r: top_token_weight(r, run, 1000)), at_least(0.5),
+              note="uniform attention gives every token 1/6"),
+    ]
+
+
+def verdict(results: Results, claims: Callable[[Reading], list[Claim]]) -> str:
+    """For each reading: REPRODUCES if every claim of the figure holds on it, else how many do."""
+    from experiments.runner import evaluate_claims
+
+    lines = []
+    for reading in READINGS:
+        outcome = evaluate_claims(FigureSpec("verdict", "", "", claims=claims(reading)), results)
+        held = sum(c.holds for c in outcome)
+        lines.append(f"{reading.name}: " + ("REPRODUCES" if held == len(outcome) else f"{held}/{len(outcome)} claims hold"))
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------- panels
+def reading_series(p: float, source: Callable[[str], Any]) -> dict[str, Any]:
+    return {r.label: source(run_name(r, p)) for r in READINGS}
+
+
+def snapshot_panels(reading: Reading, p: float, letter: str, what: str) -> list[Panel]:
+    """Four panels of one quantity at the paper's steps: V heatmaps, or averaged-token bars."""
+    run = run_name(reading, p)
+    panels = []
+    for i, step in enumerate(SHOWN):
+        title = f"({letter}{i + 1}) {reading.name}: "
+        if what == "V":
+            panels.append(Panel("heatmap", title + "V", data=_at(run, "V", step),
+                                xlabel="token (column)", ylabel="output row", options={"annot": True, "fmt": ".2g"}))
+        else:
+            name = {"example": "averaged token, walk 1", "var": "variance over walks"}[what]
+            panels.append(Panel("bar", title + name,
+                                data=_at(run, "averaged_token", step, part=what),
+                                xlabel="state", ylabel=name))
+    return panels
+
+
+def attention_panel(reading: Reading, p: float) -> Panel:
+    """Mean attention of the query slot on every position after training (the parent is N-1)."""
+    run = run_name(reading, p)
+    return Panel("bar", f"{reading.name}: mean attention by position", data=Final(run, "attention"),
+                 xlabel=f"position 1..{N} (parent N-1 = {N - 1})", ylabel="mean attention", ylim=(0, 1.05))
+
+
+def _at(run: str, key: str, step: int, part: str = "") -> Computed:
+    def get(results: Results) -> tuple[int, Any]:
+        s, value = results[run].at(key, step)
+        return s, (value[part] if part else value)
+
+    return Computed(get, f"{key}{'.' + part if part else ''} of {run} at step {step}")

@@ -1,0 +1,37 @@
+"""Figure 13: p = 1 from small random initialisation: the attention-averaged token and its variance."""
+
+from experiments.spec import Computed, FigureSpec, Panel
+from experiments.specs._random_init import (BROKEN_VARIANCE, READINGS, REDUCED, fig13_claims, max_variance,
+                                            reading_series, runs, snapshot_panels, verdict)
+
+
+def _variance_curve(run: str) -> Computed:
+    def get(results):
+        by_step = results[run].snapshots["averaged_token"]
+        steps = sorted(by_step)
+        return steps, [max_variance(by_step[s]) for s in steps]
+
+    return Computed(get, f"largest averaged-token variance of {run} by step")
+
+
+SPEC = FigureSpec(
+    id="13",
+    title="random initialisation, p = 1: the averaged token X softmax(...) of one walk and its variance over walks",
+    caption=("Per reading, two rows: the attention-averaged token of the first test walk, and its per-coordinate "
+             "variance over the 1000 test walks, at steps 100, 400, 700, 1000. The paper: the variance stays near 0 "
+             "up to about step 700 (every walk averages to the same token), then one token receives much more "
+             "weight. The last row plots the largest variance by step for every reading (dashed: the "
+             f"{BROKEN_VARIANCE} threshold taken as 'symmetry broken')."),
+    runs=runs((1.0,)),
+    panels=[panel for i, reading in enumerate(READINGS)
+            for what, letter in (("example", chr(97 + i)), ("var", chr(97 + i) + "'"))
+            for panel in snapshot_panels(reading, 1.0, letter, what)]
+    + [Panel("line", "(e) largest averaged-token variance by step",
+             series=reading_series(1.0, _variance_curve), ref={"threshold": BROKEN_VARIANCE}, logy=True,
+             xlabel="step", ylabel="variance over walks (log)"),
+       Panel("text", "which reading reproduces Fig 13", data=Computed(lambda r: verdict(r, fig13_claims)))],
+    claims=[c for reading in READINGS for c in fig13_claims(reading)],
+    layout=(2 * len(READINGS) + 1, 4),
+    panel_size=(3.2, 2.4),
+    reduced=REDUCED,
+)

@@ -1,0 +1,119 @@
+"""``rwinterp probe RUN_DIR --out REPORT_DIR`` and ``rwinterp compare RUN_A RUN_B --out DIR``.
+
+Heavy imports (TransformerLens, plotting) happen inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+from rwinterp.cli import command, print_json
+from rwinterp.errors import require
+
+
+def _probe_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("probing")
+    g.add_argument("--walks", type=int, default=None,
+                   help="probe on the first N of the run's test walks (default: all of them)")
+    g.add_argument("--seed", type=int, default=0, help="seeds the corrupted walks and the bootstrap (default 0)")
+    g.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for intervals (default 200)")
+    g.add_argument("--gradient-walks", type=int, default=100,
+                   help="walks used for gradient x input attribution (default 100)")
+    parser.add_argument("--json", action="store_true", help="print the scores as one JSON object on stdout")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+@command("probe", "probe a trained run: attention, activation patching, V against Pi, with a report")
+def _probe_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    parser.add_argument("run", metavar="RUN_DIR", help="a run directory written by `rwinterp train --out`")
+    parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="write the report here")
+    parser.add_argument("--baseline", choices=["random"], default=None,
+                        help="compare with random-initialised models of the same architecture")
+    parser.add_argument("--seeds", type=int, default=5, help="random models in the baseline (default 5)")
+    _probe_arguments(parser)
+    return _probe
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from probes.config import ProbeConfig
+
+    require(args.walks is None or args.walks >= 2, f"--walks must be >= 2, got {args.walks}")
+    return ProbeConfig(seed=args.seed, bootstrap=args.bootstrap, gradient_walks=args.gradient_walks,
+                       progress=False if (args.no_progress or args.json) else None)
+
+
+def _load(path: str, walks: int | None) -> tuple[Any, Any]:
+    from probes.targets import restrict, run_test_walks
+    from rwinterp.runs import load_run
+
+    run = load_run(path)
+    return run, restrict(run_test_walks(run), walks)
+
+
+def _probe(args: argparse.Namespace) -> int:
+    require(args.seeds >= 1, f"--seeds must be >= 1, got {args.seeds}")
+    config = _config(args)
+    from probes.report import summary_json, write_probe_report
+    from probes.scorecard import compare_to_random, scorecard
+
+    run, data = _load(args.run, args.walks)
+    card = scorecard(run.model, run.task, data, config)
+    comparison = None
+    if args.baseline == "random":
+        comparison = compare_to_random(run.model, run.task, data, args.seeds, config, trained=card)
+    out = write_probe_report(args.out, card, str(args.run), comparison)
+    if args.json:
+        print_json({**summary_json(card, comparison), "report": str(out)})
+        return 0
+    flat = card.flat()
+    print(f"run         {args.run}  ({run.task.describe()}, {len(data)} walks)")
+    for line in card.findings():
+        print(f"  - {line}")
+    keys = ("accuracy", "bayes_accuracy", "parent_attention", "parent_argmax_rate", "patching.parent_effect",
+            "patching.localization", "patching.necessity", "patching.sufficiency", "transition.distance",
+            "transition.cosine")
+    means = comparison.baseline_means() if comparison else {}
+    for key in keys:
+        base = f"   random {_number(means[key])}" if key in means else ""
+        print(f"{key:28s} {_number(flat.get(key))}{base}")
+    print(f"report      {out / 'report.md'}")
+    sys.stdout.flush()
+    return 0
+
+
+def _number(value: float | None) -> str:
+    return f"{value:8.4f}" if value is not None and value == value else f"{'n/a':>8s}"
+
+
+@command("compare", "compare the probe scores of two runs side by side")
+def _compare_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    parser.add_argument("run_a", metavar="RUN_A", help="first run directory")
+    parser.add_argument("run_b", metavar="RUN_B", help="second run directory")
+    parser.add_argument("--out", required=True, metavar="DIR", help="write the comparison report here")
+    _probe_arguments(parser)
+    return _compare
+
+
+def _compare(args: argparse.Namespace) -> int:
+    config = _config(args)
+    from probes.report import write_compare_report
+    from probes.scorecard import compare, scorecard
+
+    cards = []
+    for path in (args.run_a, args.run_b):
+        run, data = _load(path, args.walks)
+        cards.append(scorecard(run.model, run.task, data, config))
+    result = compare(cards[0], cards[1], ("A", "B"))
+    out = write_compare_report(args.out, result, (str(args.run_a), str(args.run_b)))
+    if args.json:
+        print_json({"A": cards[0].scores(), "B": cards[1].scores(),
+                    "difference": {k: d for k, _, _, d in result.rows()}, "report": str(out)})
+        return 0
+    print(f"{'score':28s} {'A':>8s} {'B':>8s} {'B - A':>8s}")
+    for key, a, b, d in result.rows():
+        if key.count(".") <= 1:
+            print(f"{key:28s} {_number(a)} {_number(b)} {_number(d)}")
+    print(f"report      {out / 'report.md'}")
+    return 0

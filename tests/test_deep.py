@@ -1,0 +1,325 @@
+"""The multi-layer model: the paper's model as a special case, TransformerLens compatibility,
+learning a second-order chain, the zero-initialisation symmetry with depth, runs and the CLI."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformer_lens.ActivationCache import ActivationCache
+from transformer_lens.patching import get_act_patch_attn_head_out_all_pos, get_act_patch_resid_pre
+
+from rwinterp.chains import PersistentWalk
+from rwinterp.cli import main
+from rwinterp.deep import DeepConfig, DeepTransformer, from_walk_transformer
+from rwinterp.errors import RwinterpError
+from rwinterp.metrics import accuracy
+from rwinterp.runs import load_run, save_run
+from rwinterp.tasks import CircleWalk
+from rwinterp.training import TrainConfig, train
+from tests.conftest import paper_model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These tensors are tiny: with two threads on a busy machine, thread hand-offs cost ten times
+    the arithmetic. The previous setting is restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------- the paper's model as a config
+@pytest.mark.parametrize("options", [
+    {},
+    {"pos_embedding": "sine"},
+    {"normalize_tokens": True},
+    {"normalize_tokens": True, "normalize_query": False},
+    {"mlp_width": 4},
+])
+def test_paper_configuration_gives_the_paper_models_outputs(options):
+    task = CircleWalk(5, 0.7, 9)
+    walk = paper_model(task, pos_dim=24, init="gaussian", init_sigma=0.3, seed=1, **options)
+    deep = from_walk_transformer(walk)
+    tokens = task.sample(64, 0).tokens
+    with torch.no_grad():
+        expected = walk(tokens)
+        assert expected.abs().max() > 0.1  # not a trivially zero output
+        assert torch.allclose(deep(tokens), expected, rtol=0, atol=1e-13)
+        assert torch.allclose(deep.attention(tokens)[:, 0, 0], walk.attention(tokens), rtol=0, atol=1e-13)
+    if "mlp_width" not in options:
+        assert torch.allclose(deep.V, walk.V.detach(), atol=1e-15)
+
+
+def test_paper_configuration_trains_like_the_paper():
+    """Gradient descent on the deep model's merged W is the paper's gradient descent on W (which
+    the paper's model runs through u = W x~_N): same W, V and history after 3 population steps."""
+    task = CircleWalk(5, 0.7, 9)
+    walk = paper_model(task, pos_dim=16, init="gaussian", init_sigma=0.05, seed=3)
+    deep = from_walk_transformer(walk)
+    config = TrainConfig(lr=0.5, eps=1.0, steps=3, population=True)
+    a = train(walk, task, config, progress=False)
+    b = train(deep, task, config, progress=False)
+    assert torch.allclose(deep.blocks[0].attn.W[0].detach(), walk.W, atol=1e-12)
+    assert torch.allclose(deep.V.detach(), walk.V.detach(), atol=1e-12)
+    for ra, rb in zip(a.history, b.history):
+        assert rb["loss"] == pytest.approx(ra["loss"], abs=1e-12)
+        assert rb["test_accuracy"] == ra["test_accuracy"]
+        assert rb["parent_attention"] == pytest.approx(ra["parent_attention"], abs=1e-12)
+
+
+# ---------------------------------------------------------------------- TransformerLens compatibility
+def _small(**options):
+    base = dict(n_layers=2, n_heads=2, residual=True, init="gaussian", init_sigma=0.3, seed=4)
+    base.update(options)
+    return DeepTransformer(DeepConfig.paper(5, 7, 12, **base))
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"key_query": "factored", "attention": "causal", "mlp_width": 6, "normalize_tokens": True},
+    {"pos_mode": "added", "d_model": 16, "pos_embedding": "learned", "token_embedding": "learned",
+     "values": "all", "readout": "learned", "attn_scale": 2.0},
+])
+def test_hooks_weights_and_cache_follow_transformer_lens(options):
+    model = _small(**options)
+    cfg = model.cfg
+    tokens = CircleWalk(5, 0.7, 7).sample(8, 1).tokens
+    logits, cache = model.run_with_cache(tokens)
+    assert isinstance(cache, ActivationCache)
+    Q = 1 if cfg.attention == "query" else 7
+    assert logits.shape == (8, Q, 5)
+    assert torch.allclose(cache["hook_embed"], model.W_E[tokens])
+    resid = cache["hook_embed"] + cache["hook_pos_embed"]
+    for layer in range(cfg.n_layers):
+        pre = cache[f"blocks.{layer}.hook_resid_pre"]
+        assert torch.allclose(pre, resid)
+        scores = cache[f"blocks.{layer}.attn.hook_attn_scores"]
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
+        assert scores.shape == pattern.shape == (8, cfg.n_heads, Q, 7)
+        assert torch.allclose(torch.softmax(scores, -1), pattern)  # hook_attn_scores is pre-softmax
+        # W_Q, W_K reproduce the scores: q . k / attn_scale (normalised rows where configured).
+        x = pre / pre.norm(dim=-1, keepdim=True) if cfg.normalize_tokens else pre
+        q = torch.einsum("bqm,hmd->bhqd", x[:, -Q:], model.W_Q[layer])
+        k = torch.einsum("bpm,hmd->bhpd", x, model.W_K[layer])
+        expected = torch.einsum("bhqd,bhpd->bhqp", q, k) / cfg.attn_scale
+        visible = torch.isfinite(scores)
+        assert torch.allclose(scores[visible], expected[visible])
+        # W_V, W_O: the head outputs add up to attn_out.
+        v = torch.einsum("bpm,hmd->bphd", pre, model.W_V[layer])
+        assert torch.allclose(cache[f"blocks.{layer}.attn.hook_v"], v)
+        attn_out = torch.einsum("bqhd,hdm->bqm", cache[f"blocks.{layer}.attn.hook_z"], model.W_O[layer])
+        assert torch.allclose(cache[f"blocks.{layer}.hook_attn_out"], attn_out)
+        resid = cache[f"blocks.{layer}.hook_resid_post"]
+        assert resid.shape == (8, 7, cfg.d_model)
+    assert torch.allclose(logits, resid[:, -Q:] @ model.W_U)
+    # Editing a hook changes the output: uniform attention in the last layer.
+    last = f"blocks.{cfg.n_layers - 1}.attn.hook_pattern"
+    edited = model.run_with_hooks(tokens, fwd_hooks=[(last, lambda p, hook: torch.ones_like(p) / p.shape[-1])])
+    assert not torch.allclose(edited, logits)
+
+
+def test_transformer_lens_patching_functions_run_on_the_model():
+    """resid_pre patching at layer 0 is token substitution; head-output patching has one cell per head."""
+    model = _small().eval()
+    task = CircleWalk(5, 0.7, 7)
+    clean, corrupted = task.sample(16, 1), task.sample(16, 2)
+    _, cache = model.run_with_cache(clean.tokens)
+
+    def metric(logits):
+        return logits[:, -1].gather(1, clean.labels[:, None]).mean()
+
+    with torch.no_grad():
+        patched = get_act_patch_resid_pre(model, corrupted.tokens, cache, metric)
+        assert patched.shape == (2, 7)
+        for j in range(7):
+            tokens = corrupted.tokens.clone()
+            tokens[:, j] = clean.tokens[:, j]
+            # (TransformerLens stores the patched metrics in float32)
+            assert float(patched[0, j]) == pytest.approx(float(metric(model(tokens))), rel=1e-6)
+        heads = get_act_patch_attn_head_out_all_pos(model, corrupted.tokens, cache, metric)
+    assert heads.shape == (2, 2)
+
+
+# ---------------------------------------------------------------------- Theorem 4.1 with depth
+@pytest.mark.parametrize("options", [
+    {"n_layers": 2, "residual": True},
+    {"n_layers": 2, "residual": False},
+    {"n_heads": 3},
+    {"n_layers": 2, "residual": True, "values": "all"},
+])
+def test_depth_and_heads_keep_the_deterministic_walk_symmetric(options):
+    """p = 1, N = rK + 1, zero init, population GD: every sequence has the same uniformly averaged
+    token, so (as in Theorem 4.1) attention stays uniform over the real tokens in every layer and
+    head and accuracy is exactly 1/K at every step, however deep or wide the model."""
+    K, r = 4, 3
+    N = r * K + 1
+    task = CircleWalk(K, 1.0, N)
+    pop = task.population()
+    model = DeepTransformer(DeepConfig.paper(K, N, 16, **options))
+    for step in range(4):
+        train(model, task, TrainConfig(steps=1, population=True), progress=False)
+        with torch.no_grad():
+            real = model.attention(pop.tokens)[..., : N - 1]
+            assert torch.allclose(real, real[..., :1].expand_as(real), rtol=1e-12, atol=0), step
+            assert accuracy(model.scores(pop.tokens), pop.labels, pop.weights) == pytest.approx(1 / K, abs=1e-12)
+    assert model.blocks[0].attn.W_V.detach().abs().max() > 0  # it did train
+
+
+# ---------------------------------------------------------------------- a second-order chain
+@pytest.fixture(scope="module")
+def second_order():
+    """A standard two-layer transformer (added learned positions, causal attention, residual
+    stream, GPT-2 init) trained with AdamW on next-state prediction over the exact population of
+    a persistent walk (K 5, q 0.8, N 6): the label depends on the last two states."""
+    task = PersistentWalk(5, 0.8, 6)
+    model = DeepTransformer(DeepConfig.standard(5, 6, 16, n_layers=2))
+    result = train(model, task, TrainConfig(optimizer="adamw", lr=0.02, loss="xent", steps=200,
+                                            next_token=True, population=True), progress=False)
+    return model, task, result
+
+
+def test_two_layer_model_reaches_the_bayes_accuracy_of_a_second_order_chain(second_order):
+    model, task, result = second_order
+    pop = task.population()
+    acc = accuracy(model.scores(pop.tokens).detach(), pop.labels, pop.weights)  # exact expectation
+    assert acc >= task.bayes_accuracy() - 0.02
+    assert result.final["test_accuracy"] == acc
+
+
+def test_counterfactual_edits_show_the_model_uses_both_parents(second_order):
+    """Reversing the last step by editing one parent reverses the Bayes prediction; editing a
+    token that is not a parent leaves it. The model follows in nearly every walk."""
+    model, task, _ = second_order
+    pop = task.population()
+    K, N = 5, 6
+    a, b = pop.tokens[:, N - 3], pop.tokens[:, N - 2]
+    step = (b - a) % K  # 1 or K - 1
+    with torch.no_grad():
+        before = model.scores(pop.tokens).argmax(1)
+        assert float(pop.weights[before == (b + step) % K].sum()) > 0.99  # keeps the direction
+        edits = {  # position -> new token, and the prediction it should produce
+            N - 3: ((b + step) % K, (b - step) % K),  # s_{N-2} moved to b's other side
+            N - 2: ((a - step) % K, (a - 2 * step) % K),  # s_{N-1} moved to a's other side
+        }
+        for pos, (token, expected) in edits.items():
+            tokens = pop.tokens.clone()
+            tokens[:, pos] = token
+            after = model.scores(tokens).argmax(1)
+            assert float(pop.weights[after == expected].sum()) > 0.95, pos
+        tokens = pop.tokens.clone()
+        tokens[:, 0] = (tokens[:, 0] + 2) % K  # a non-parent
+        assert float(pop.weights[model.scores(tokens).argmax(1) == before].sum()) > 0.98
+
+
+def test_probes_locate_both_parents(second_order):
+    from probes.attention import attention_probe
+    from probes.config import ProbeConfig
+    from probes.patching import patching_probe
+
+    model, task, _ = second_order
+    data = task.sample(300, 11)
+    config = ProbeConfig(bootstrap=0, progress=False)
+    scores = patching_probe(model, task, data, config).scores()
+    assert scores["localization"] > 0.9  # the parents carry the effect of the input ...
+    assert scores["necessity"] > 0.9  # ... corrupting them destroys the output ...
+    assert scores["sufficiency"] > 0.9  # ... and keeping them keeps it
+    # The query slot's first-layer attention goes to the two parents, both of them.
+    with torch.no_grad():
+        row = model.attention(data.tokens)[:, 0].mean((0, 1))  # [pos], layer 0, heads averaged
+    assert float(row[[3, 4]].sum()) > 0.8 and float(row[3]) > 0.15 and float(row[4]) > 0.15
+    result = attention_probe(model, task, data, config)
+    assert result.per_head.shape[:2] == (2, 1)
+    assert float(result.per_head.mean((2, 3)).max()) > 0.8
+
+
+# ---------------------------------------------------------------------- errors, runs and the CLI
+@pytest.mark.parametrize("options, message", [
+    ({"n_layers": 0}, "the number of layers must be an integer >= 1"),
+    ({"n_heads": 1.5}, "the number of heads must be an integer >= 1"),
+    ({"pos_mode": "stacked"}, "pos mode must be one of concat, added"),
+    ({"pos_dim": 5}, "orthogonal positional embeddings need M >= N"),
+    ({"pos_mode": "added", "values": "all"}, "added positional embeddings need d_model"),
+    ({"pos_mode": "added", "d_model": 32}, "values='tokens' needs concatenated positional embeddings"),
+    ({"pos_mode": "added", "d_model": 4, "values": "all", "pos_embedding": "learned"}, "one-hot tokens need d_model >= K"),
+    ({"d_head": 40}, "the fixed readout needs d_head <= d_model"),
+    ({"d_token": 3}, "one-hot tokens take d_token = K"),
+    ({"attn_scale": 0}, "attn_scale must be positive"),
+    ({"init": "xavier"}, "init must be one of zero, gaussian, standard"),
+    ({"mlp_width": 0}, "mlp width must be a positive integer"),
+    ({"dtype": "float16"}, "dtype must be one of float32, float64"),
+])
+def test_invalid_configs_have_clear_errors(options, message):
+    with pytest.raises(RwinterpError, match=re.escape(message)):
+        DeepConfig(**{"n_states": 5, "n_ctx": 9, "pos_dim": 16, **options})
+
+
+def test_bad_tokens_are_refused():
+    model = _small()
+    with pytest.raises(RwinterpError, match=re.escape("tokens must have shape [batch, 7]")):
+        model(torch.zeros(2, 6, dtype=torch.long))
+    with pytest.raises(RwinterpError, match=re.escape("tokens must lie in [0, 5]")):
+        model(torch.full((2, 7), 6))
+
+
+def test_save_and_load_give_identical_outputs(tmp_path, second_order):
+    model, task, result = second_order
+    save_run(tmp_path / "run", model, task, {"lr": 0.02}, result.history, {"x": 1})
+    run = load_run(tmp_path / "run")
+    assert type(run.model) is DeepTransformer and run.model.cfg.to_dict() == model.cfg.to_dict()
+    tokens = task.sample(20, 3).tokens
+    assert torch.equal(run.model(tokens), model(tokens))
+    assert torch.equal(run.model.W_E, model.W_E) and torch.equal(run.model.W_Q, model.W_Q)
+    assert run.task.to_dict() == task.to_dict() and run.history == result.history
+
+
+def test_cli_trains_a_deep_model_on_a_chain_and_a_fresh_process_loads_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "--model", "deep", "--layers", "2", "--residual", "--task", "persistent", "--K", "5",
+            "--N", "6", "--M", "12", "--init", "gaussian", "--sigma", "0.1", "--optimizer", "adamw",
+            "--lr", "0.05", "--loss", "xent", "--steps", "3", "--population", "--json", "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model_kind"] == "deep" and data["model"]["n_layers"] == 2 and data["model"]["residual"]
+    assert data["task"]["kind"] == "persistent" and data["bayes_accuracy"] == 0.8
+    assert len(data["parent_attention_heads"]) == 2 and data["V"] is None
+    code = ("from rwinterp.runs import load_run; from rwinterp.metrics import accuracy; "
+            f"r = load_run({str(out)!r}); p = r.task.population(); "
+            "print(accuracy(r.model(p.tokens)[:, -1].detach(), p.labels, p.weights))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert float(proc.stdout) == data["test_accuracy"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layers", "2"], "--layers needs --model deep"),
+    (["--q", "0.7"], "--q does not apply to --task circle"),
+    (["--task", "torus"], "--task torus needs --rows and --cols"),
+    (["--task", "torus", "--rows", "2", "--cols", "3", "--K", "5"], "a 2 x 3 torus has K = 6 states, not 5"),
+    (["--task", "lazy", "--start", "9"], "--start state must be an integer in [0, 4]"),
+    (["--task", "persistent", "--K", "5", "--model", "deep", "--pos-mode", "added"],
+     "added positional embeddings need d_model"),
+    (["--model", "deep", "--pe", "learned", "--init", "standard", "--key-query", "factored", "--attention",
+      "causal", "--loss", "xent", "--next-token", "--task", "regular", "--K", "5"], "must be even"),
+])
+def test_cli_bad_deep_and_chain_options_are_one_line(args, message, capsys):
+    argv = ["train", "--K", "5", "--N", "6", "--M", "12", "--steps", "1", "--n-train", "20", "--n-test", "20", *args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cli_next_token_training_of_a_standard_model(capsys):
+    argv = ["train", "--model", "deep", "--preset", "standard", "--d-model", "16", "--task", "lazy", "--K", "5",
+            "--N", "6", "--p", "0.9", "--stay", "0.05", "--start", "0", "--optimizer", "adamw", "--lr", "0.02",
+            "--loss", "xent", "--next-token", "--steps", "60", "--n-train", "300", "--n-test", "300", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"]["attention"] == "causal" and data["train"]["next_token"]
+    assert data["task"]["initial"] == [1.0, 0.0, 0.0, 0.0, 0.0]
+    bayes = data["bayes_accuracy"]
+    assert bayes == pytest.approx(0.95 * 0.9, abs=1e-12)
+    assert data["test_accuracy"] > bayes - 0.08  # 300 test walks: 3 standard errors is about 0.06

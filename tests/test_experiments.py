@@ -1,0 +1,121 @@
+"""The reproduction runner: every spec runs in reduced mode, claims are data, runs are shared and
+deterministic, and bad input is a one-line error."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from experiments.runner import discover, evaluate_claims, plan, reproduce, select
+from experiments.spec import (Claim, Computed, FigureSpec, Record, Results, RunSpec, at_most, binomial_tol,
+                              is_true, near, walk_run)
+from rwinterp.cli import main
+from rwinterp.errors import RwinterpError
+
+PAPER_FIGURES = {"2", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13"}
+EXTRA_STUDIES = {"fragility", "theorem31", "lockin", "probes"}
+
+
+@pytest.fixture(scope="module")
+def reduced_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reproduce")
+    return reproduce(["all"], out, reduced=True, progress=False), out
+
+
+def test_every_figure_and_study_has_a_spec():
+    assert PAPER_FIGURES | EXTRA_STUDIES <= set(discover())
+
+
+def test_every_spec_runs_in_reduced_mode_and_writes_its_report(reduced_report):
+    rep, out = reduced_report
+    assert {f.spec.id for f in rep.figures} == set(discover())
+    for fig in rep.figures:
+        assert fig.draw_errors == [], (fig.spec.id, fig.draw_errors)
+        assert fig.spec.claims, f"figure {fig.spec.id} checks no claim"
+        if fig.spec.panels:
+            assert (out / fig.image).stat().st_size > 10_000
+        for c in fig.claims:
+            assert c.error is None, (fig.spec.id, c.claim, c.error)
+    claims = json.loads((out / "results.json").read_text())
+    assert len(claims) == len(rep.claims) and len(claims) >= 60
+    for c in claims:
+        assert {"figure", "claim", "expected", "measured", "holds"} <= set(c)
+        assert isinstance(c["holds"], bool)
+    text = (out / "REPRODUCTION.md").read_text()
+    for c in rep.claims:
+        assert c.claim.replace("|", "\\|") in text
+    assert "REDUCED MODE" in text
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_claims_marked_for_reduced_mode_hold_there(reduced_report):
+    rep, _ = reduced_report
+    marked = [(f.spec.id, spec_claim, result) for f in rep.figures
+              for spec_claim, result in zip(f.spec.claims, f.claims) if spec_claim.reduced]
+    assert len(marked) >= 30
+    failing = [(fid, r.claim, r.measured) for fid, c, r in marked if not r.holds]
+    assert failing == []
+
+
+def test_identical_runs_are_trained_once_with_the_union_of_records():
+    specs = select(discover(), ["4", "probes"])
+    runs, names = plan(specs, reduced=True)
+    assert names[("4", "walk")] == names[("probes", "walk_p05")]
+    shared = next(r for r in runs if r.key == names[("4", "walk")])
+    assert set(shared.users) == {("4", "walk"), ("probes", "walk_p05")}
+    assert len(runs) == len(set(names.values()))
+
+
+def test_same_seed_gives_the_same_numbers(tmp_path):
+    a = reproduce(["4"], tmp_path / "a", reduced=True, progress=False)
+    b = reproduce(["4"], tmp_path / "b", reduced=True, progress=False)
+    assert [c.measured for c in a.claims] == [c.measured for c in b.claims]
+    assert (tmp_path / "a" / "results.json").read_text() == (tmp_path / "b" / "results.json").read_text()
+
+
+def test_reduced_overrides_apply_to_runs_that_have_the_fields():
+    run = RunSpec("qa", {"kind": "qa_majority"}, train={"steps": 100}, reduced={"train": {"steps": 7}})
+    walk = walk_run("w", 6, 0.5, 97)
+    fig = FigureSpec("x", "t", "c", runs=[run, walk], reduced={"task": {"N": 13}, "model": {"pos_dim": 50}})
+    qa, w = fig.resolved_runs(reduced=True)
+    assert qa.task == {"kind": "qa_majority"} and qa.train["steps"] == 7 and qa.model["pos_dim"] == 50
+    assert w.task["N"] == 13
+    full = fig.resolved_runs(reduced=False)
+    assert full[1].task["N"] == 97 and "pos_dim" not in full[1].model
+
+
+def test_a_failing_measurement_is_a_claim_that_does_not_hold():
+    def broken(results):
+        raise KeyError("missing")
+
+    fig = FigureSpec("x", "t", "c", claims=[
+        Claim("breaks", Computed(broken), is_true()),
+        Claim("nan never holds", Computed(lambda r: math.nan), at_most(1.0)),
+        Claim("near", Computed(lambda r: 0.52), near(0.5, binomial_tol(0.5, 1000))),
+    ])
+    out = evaluate_claims(fig, Results())
+    assert [c.holds for c in out] == [False, False, True]
+    assert "KeyError" in out[0].error and "measurement failed" in out[0].note
+    assert out[1].measured is None
+    assert out[2].expected == "0.5 ± 0.04743"
+
+
+def test_records_merge_steps_and_quantities():
+    a, b = Record(("V",), at=(1, 5)), Record(("attention",), at=(5, 9))
+    merged = a.merged(b)
+    assert merged.quantities == ("V", "attention") and merged.at == (1, 5, 9)
+    assert Record(("V",), at=None).merged(a).at is None
+    assert merged.wants(9, 20) and merged.wants(20, 20) and not merged.wants(2, 20)
+
+
+def test_unknown_figures_and_quantities_are_one_line_errors(tmp_path, capsys):
+    with pytest.raises(RwinterpError):
+        select(discover(), ["99"])
+    bad = FigureSpec("x", "t", "c", runs=[walk_run("w", 6, 0.5, 97, record=Record(("no_such",)))])
+    with pytest.raises(RwinterpError, match="unknown quantity"):
+        plan([bad])
+    assert main(["reproduce", "nope", "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith("rwinterp: error: unknown figure 'nope'")
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,198 @@
+"""The probes' pieces: where predictions and parents sit, exact patching identities, V against Pi."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.HookedRootModule import HookedRootModule
+
+from probes.attention import attention_probe
+from probes.config import ProbeConfig
+from probes.patching import patching_probe
+from probes.stats import Spread, bootstrap_weights, point_weights, ratio
+from probes.targets import evaluating, targets_for
+from probes.transition import compare_to_transition, transition_probe
+from rwinterp.chains import PersistentWalk
+from rwinterp.deep import DeepConfig, DeepTransformer
+from rwinterp.errors import RwinterpError
+from rwinterp.qa import QAMajority
+from rwinterp.tasks import Batch, CircleWalk, circle_transition
+from tests.conftest import paper_model
+
+CFG = ProbeConfig(progress=False, bootstrap=0, gradient_walks=20)
+K, N, M = 5, 9, 16
+
+
+def causal_model(task, d_model=16, seed=0):
+    return DeepTransformer(DeepConfig.standard(task.n_states, task.seq_len, d_model, seed=seed))
+
+
+# ------------------------------------------------------------------------------------ targets
+def test_query_slot_model_reads_the_last_position_and_the_tasks_parents():
+    task = CircleWalk(K, 0.7, N)
+    batch = task.sample(6, 1)
+    t = targets_for(paper_model(task, pos_dim=M), task, batch)
+    assert t.kind == "query" and t.read.tolist() == [0] and t.source.tolist() == [N - 1]
+    assert t.parent_sets() == [task.parent_positions()] == [(N - 2,)]
+    assert torch.equal(t.labels[:, 0], batch.labels) and torch.equal(t.inputs, batch.tokens)
+    assert bool(t.visible.all())
+
+
+def test_autoregressive_model_predicts_every_next_state_from_its_own_position():
+    task = CircleWalk(K, 0.7, N)
+    batch = task.sample(6, 1)
+    t = targets_for(causal_model(task), task, batch)
+    assert t.kind == "autoregressive" and torch.equal(t.inputs, batch.states)
+    assert t.source.tolist() == t.read.tolist() == list(range(N - 1))
+    assert t.parent_sets() == [(i,) for i in range(N - 1)]
+    assert torch.equal(t.labels, batch.states[:, 1:])
+    assert torch.equal(t.visible, torch.arange(N)[None, :] <= torch.arange(N - 1)[:, None])
+
+
+def test_parent_sets_of_a_second_order_chain():
+    task = PersistentWalk(K, 0.8, N)
+    batch = task.sample(4, 2)
+    query = targets_for(paper_model(task, pos_dim=M), task, batch)
+    assert query.parent_sets() == [(N - 3, N - 2)]
+    auto = targets_for(causal_model(task), task, batch)
+    assert auto.source.tolist() == list(range(1, N - 1))  # the first prediction has one parent only
+    assert auto.parent_sets() == [(t - 1, t) for t in range(1, N - 1)]
+
+
+def test_autoregressive_probing_needs_a_chain_with_states():
+    task = CircleWalk(K, 0.7, N)
+    model = causal_model(task)
+    batch = task.sample(4, 0)
+    with pytest.raises(RwinterpError, match="no states"):
+        targets_for(model, task, Batch(batch.tokens, batch.labels))
+    qa = QAMajority()
+    with pytest.raises(RwinterpError, match="Markov-chain"):
+        targets_for(DeepTransformer(DeepConfig.standard(qa.n_states, qa.seq_len, 16)), qa, qa.sample(4, 0))
+
+
+# --------------------------------------------------------------------------- exact identities
+@pytest.fixture(scope="module")
+def positional_model():
+    """Attention that depends on positions only (no token part in u): f is linear in the tokens."""
+    task = CircleWalk(K, 0.5, N)
+    model = paper_model(task, pos_dim=M, init="gaussian", init_sigma=0.5, seed=3)
+    with torch.no_grad():
+        model.u[:K] = 0.0
+    return model, task
+
+
+def test_patching_identities_of_a_model_linear_in_its_tokens(positional_model):
+    model, task = positional_model
+    result = patching_probe(model, task, task.sample(500, 4), CFG)
+    s = result.scores()
+    profile = result.profile("resid_pre.0")
+    # Linear in the tokens: the per-position effects add up to the whole effect.
+    assert float(profile.sum()) == pytest.approx(1.0, abs=1e-10)
+    # With position-only attention, patching a token is patching its value vector.
+    assert torch.allclose(result.profile("v.0"), profile, atol=1e-12)
+    # The output is z W_O: patching z restores everything; the pattern is the same for every walk.
+    assert s["z.L0H0"] == pytest.approx(1.0, abs=1e-12) and s["pattern.L0H0"] == pytest.approx(0.0, abs=1e-12)
+    # Corrupting only the parent removes exactly what keeping only the parent preserves.
+    assert s["necessity"] == pytest.approx(s["parent_effect"], abs=1e-10)
+    assert s["sufficiency"] == pytest.approx(s["parent_effect"], abs=1e-10)
+    assert result.embeddings_by_substitution
+    assert 0 < s["localization"] < 1
+
+
+def test_a_set_of_parents_is_found_together():
+    """A second-order chain and a model that attends half and half to its two parents."""
+    task = PersistentWalk(K, 0.8, N)
+    model = paper_model(task, pos_dim=M, init="gaussian", init_sigma=0.5, seed=1)
+    with torch.no_grad():
+        model.u.zero_()
+        model.u[[K + j for j in task.parent_positions()]] = 40.0 / math.sqrt(M / 2)
+    data = task.sample(300, 5)
+    s = patching_probe(model, task, data, CFG).scores()
+    for key in ("parent_effect", "localization", "necessity", "sufficiency"):
+        assert s[key] == pytest.approx(1.0, abs=1e-9), key
+    att = attention_probe(model, task, data, CFG)
+    assert att.scores()["parent_attention"] == pytest.approx(1.0, abs=1e-9)
+    assert att.profile[N - 3] == pytest.approx(0.5, abs=1e-9) and att.profile[N - 2] == pytest.approx(0.5, abs=1e-9)
+    assert att.scores()["parent_argmax_rate"] == pytest.approx(1.0)  # a tie between the two parents
+
+
+def test_patching_only_the_embeddings_needs_no_hooks():
+    task = CircleWalk(K, 0.7, N)
+    model = ParentReader(task)
+    s = patching_probe(model, task, task.sample(200, 0), ProbeConfig(progress=False, hooks=("resid_pre",))).scores()
+    assert s["parent_effect"] == pytest.approx(1.0) and s["localization"] == pytest.approx(1.0)
+    with pytest.raises(RwinterpError, match="blocks.0.attn.hook_pattern"):
+        attention_probe(model, task, task.sample(5, 0), CFG)
+    with pytest.raises(RwinterpError, match="blocks.0.attn.hook_v"):
+        patching_probe(model, task, task.sample(5, 0), CFG)
+
+
+class ParentReader(HookedRootModule):
+    """A hooked model that reads only the parent token, with no attention hooks."""
+
+    def __init__(self, task):
+        super().__init__()
+        self.cfg = SimpleNamespace(n_layers=1, n_heads=1, n_ctx=task.seq_len, d_vocab=task.d_vocab)
+        self.table = nn.Parameter(torch.randn(task.d_vocab, task.n_states, generator=torch.Generator().manual_seed(0)))
+        self.hook_embed = HookPoint()
+        self.setup()
+
+    def forward(self, tokens):
+        return self.hook_embed(self.table[tokens[:, -2]])[:, None, :]
+
+
+# ------------------------------------------------------------------------ value vs transition
+def test_comparisons_of_a_matrix_with_pi():
+    Pi = circle_transition(6, 0.5)
+    same = compare_to_transition(Pi, Pi)
+    assert same.distance == pytest.approx(0, abs=1e-12) and same.cosine == pytest.approx(1)
+    assert same.argmax_agreement == 1.0 and same.r2 == pytest.approx(1)
+    fit = compare_to_transition(3 * Pi + 2, Pi)
+    assert (fit.affine_a, fit.affine_b, fit.r2) == (pytest.approx(3), pytest.approx(2), pytest.approx(1))
+    assert fit.distance > 0.1  # the offset changes the direction
+    # p = 0.5: both neighbours are maximisers in Pi, so either arg-max agrees.
+    tilted = Pi + 1e-3 * torch.arange(6, dtype=torch.float64)[None, :]
+    assert compare_to_transition(tilted, Pi).argmax_agreement == 1.0
+    wrong = torch.eye(6, dtype=torch.float64)  # "stay": never a possible next state
+    assert compare_to_transition(wrong, Pi).argmax_agreement == 0.0
+    logits = torch.log(circle_transition(6, 0.7).clamp(min=1e-30))
+    assert compare_to_transition(logits, circle_transition(6, 0.7)).kl == pytest.approx(0, abs=1e-9)
+    ones = compare_to_transition(torch.ones(6, 6, dtype=torch.float64), Pi)
+    assert ones.ones_cosine == pytest.approx(1) and math.isnan(ones.r2)
+    assert math.isnan(compare_to_transition(torch.zeros(6, 6, dtype=torch.float64), Pi).distance)
+
+
+def test_the_ov_circuit_of_the_paper_model_is_its_value_matrix():
+    task = CircleWalk(K, 0.7, N)
+    model = paper_model(task, pos_dim=M, init="gaussian", seed=2)
+    result = transition_probe(model, task, task.sample(50, 0), CFG)
+    assert torch.allclose(result.V, model.V.detach(), atol=1e-15)
+    assert result.direct is None and result.total is None  # no residual stream
+    assert result.scores()["distance"] == pytest.approx(result.ov.distance)
+
+
+# ------------------------------------------------------------------------------- statistics
+def test_ratio_of_batch_means_and_bootstrap_weights():
+    assert math.isnan(float(ratio(torch.tensor(1.0), torch.tensor(1e-12), 1.0)))
+    assert float(ratio(torch.tensor(1.0), torch.tensor(4.0), 1.0)) == 0.25
+    w = bootstrap_weights(None, 20, 50, seed=3)
+    assert w.shape == (50, 20) and torch.allclose(w.sum(1), torch.ones(50, dtype=torch.float64))
+    assert torch.equal(w, bootstrap_weights(None, 20, 50, seed=3))
+    probs = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    assert torch.equal(point_weights(probs, 3)[0], probs)
+    spread = Spread.of([1.0, 2.0, 3.0, float("nan")])
+    assert (spread.mean, spread.std) == (2.0, 1.0) and spread.ci_low <= 2.0 <= spread.ci_high
+
+
+def test_evaluating_restores_every_submodule_mode():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5))
+    model.train()
+    model[1].eval()
+    with evaluating(model):
+        assert not any(m.training for m in model.modules())
+    assert model.training and model[0].training and not model[1].training

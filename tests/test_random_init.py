@@ -1,0 +1,132 @@
+"""Random initialisation (Figs 6, 11, 12, 13): the readings' options are exact, and the specs run.
+
+The readings differ in two options: ``TrainConfig.reduction`` ("sum": the loss summed over the walks)
+and ``WalkTransformerConfig.normalize_query`` (False: only the keys are normalised). Both are checked
+against explicit formulas; the figure specs are run in reduced mode and their measurements checked
+against exact values where the theory gives them.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from experiments.runner import evaluate_claims, execute, figure_results, plan, select, discover
+from experiments.specs import _random_init as ri
+from rwinterp.tasks import CircleWalk
+from rwinterp.training import TrainConfig, reduction_scale, train
+from tests.conftest import paper_model
+
+TINY = dict(pos_dim=24, init="gaussian", init_sigma=0.05, normalize_tokens=True, seed=2)
+
+
+def trained(task, model_kw, **train_kw):
+    model = paper_model(task, **{**TINY, **model_kw})
+    result = train(model, task, TrainConfig(**train_kw), progress=False)
+    return model, result
+
+
+@pytest.mark.parametrize("population", [False, True])
+def test_summed_loss_is_the_mean_loss_at_n_times_the_learning_rate(population):
+    """GD at lr on the sum over n walks = GD at n * lr on the mean (population: n_train * expectation)."""
+    task = CircleWalk(5, 0.6, 9)
+    n = 40
+    common = dict(steps=3, n_train=n, n_test=20, population=population)
+    summed, r_sum = trained(task, {}, lr=0.01, reduction="sum", **common)
+    mean, r_mean = trained(task, {}, lr=0.01 * n, **common)
+    assert torch.allclose(summed.V, mean.V, rtol=1e-12, atol=1e-14)
+    assert torch.allclose(summed.u, mean.u, rtol=1e-12, atol=1e-14)
+    # The recorded loss stays the mean per walk.
+    assert [h["loss"] for h in r_sum.history] == pytest.approx([h["loss"] for h in r_mean.history], rel=1e-12)
+    assert not torch.allclose(summed.V, paper_model(task, **TINY).V)  # training moved V
+
+
+def test_one_summed_step_moves_V_n_times_as_far_as_one_mean_step():
+    task = CircleWalk(5, 0.6, 9)
+    start = paper_model(task, **TINY).V.detach().clone()
+    moved = {red: trained(task, {}, lr=0.01, steps=1, n_train=30, n_test=10, reduction=red)[0].V.detach() - start
+             for red in ("mean", "sum")}
+    assert torch.allclose(moved["sum"], 30 * moved["mean"], rtol=1e-10, atol=1e-15)
+    batch = task.sample(30, 0)
+    assert reduction_scale(TrainConfig(reduction="sum"), batch) == 30
+    assert reduction_scale(TrainConfig(reduction="sum", n_train=77), task.population()) == 77
+    assert reduction_scale(TrainConfig(), batch) == 1
+
+
+def test_keys_only_normalisation_is_the_formula_with_the_raw_query():
+    """Scores: x~_i/||x~_i|| . W x~_N with the query NOT normalised; u's GD rate is ||x~_N||^2 = M/2."""
+    task = CircleWalk(5, 0.6, 9)
+    model = paper_model(task, **TINY, normalize_query=False)
+    tokens = task.sample(16, 1).tokens
+    X = torch.nn.functional.one_hot(tokens, 6)[..., :5].double()
+    Xt = torch.cat([X, model.W_pos[:, 5:].expand(16, -1, -1)], -1)
+    S = torch.softmax((Xt / Xt.norm(dim=-1, keepdim=True)) @ (model.W @ Xt[0, -1]), -1)
+    expected = torch.einsum("bn,bnk->bk", S, X) @ model.V.T
+    assert torch.allclose(model.scores(tokens), expected, atol=1e-13)
+    assert model.u_lr_scale() == pytest.approx(24 / 2, rel=1e-14)
+    assert paper_model(task, **TINY).u_lr_scale() == pytest.approx(1.0, rel=1e-14)
+    with pytest.raises(Exception):
+        TrainConfig(reduction="median")
+
+
+def test_kl_quantities_are_exact_on_known_outputs():
+    """KL(P || q) is 0 when the scores are P itself and log K - H(P) for uniform scores."""
+    for p, uniform_kl in ((0.5, math.log(3)), (1.0, math.log(6))):
+        task = CircleWalk(6, p, 13)
+        test = task.sample(50, 3)
+        truth = task.conditional(test.tokens).double()
+
+        def kl(scores, how):
+            return ri.kl_to_truth(task, test.tokens, scores, how)
+
+        assert kl(truth * 7.0, ri.clipped_normalised) == pytest.approx(0.0, abs=1e-12)
+        assert kl(torch.log(truth.clamp_min(1e-300)), ri.softmax) == pytest.approx(0.0, abs=1e-9)
+        flat = torch.ones_like(truth)
+        assert kl(flat, ri.clipped_normalised) == pytest.approx(uniform_kl, rel=1e-12)
+        assert kl(flat, ri.softmax) == pytest.approx(uniform_kl, rel=1e-12)
+        # Negative scores are clipped: only the positive part is normalised.
+        assert kl(truth - 0.1, ri.clipped_normalised) == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.fixture(scope="module")
+def reduced_results():
+    figures = select(discover(), ["6", "11", "12", "13"])
+    runs, names = plan(figures, reduced=True)
+    trained_runs = execute(runs, progress=False)
+    return {fig.id: (fig, figure_results(fig, names, trained_runs, True)) for fig in figures}, runs
+
+
+def test_reduced_specs_share_runs_and_every_claim_is_measured(reduced_results):
+    figures, runs = reduced_results
+    assert len(runs) == 2 * len(ri.READINGS)  # the four figures share one run per reading and p
+    for fig, results in figures.values():
+        for claim in evaluate_claims(fig, results):
+            assert claim.error is None, (fig.id, claim.claim, claim.error)
+        text = ri.verdict(results, {"6": ri.fig6_claims, "11": ri.fig11_claims,
+                                    "12": ri.fig12_claims, "13": ri.fig13_claims}[fig.id])
+        assert len(text.splitlines()) == len(ri.READINGS)
+
+
+def test_reduced_measurements_are_sane(reduced_results):
+    figures, _ = reduced_results
+    results = figures["6"][1]
+    for reading in ri.READINGS:
+        for p, uniform_kl in ((0.5, math.log(3)), (1.0, math.log(6))):
+            run = results[ri.run_name(reading, p)]
+            assert ri.kl_uniform(run) == pytest.approx(uniform_kl, rel=1e-12)
+            steps, kl = run.series("kl_softmax")
+            assert list(steps) == list(range(0, 21, 5)) and np.all(kl >= 0) and np.all(np.isfinite(kl))
+            for step, avg in run.snapshots["averaged_token"].items():
+                # Attention on the N-1 real tokens: the averaged token is a sub-probability vector.
+                assert 0 < avg["example"].sum() <= 1 + 1e-12 and np.all(avg["var"] >= 0)
+            spread = ri.spread_at(results, ri.run_name(reading, p), 20)
+            assert 0 <= spread <= 2
+            assert 0 <= ri.accuracy_at(results, ri.run_name(reading, p), 1000) <= 1
+    # As stated (mean loss, lr 0.01) 20 steps cannot move unit-norm attention: it stays uniform,
+    # and the deterministic walk's averaged token is the same for every walk (variance ~ sigma^2).
+    paper_p1 = results[ri.run_name(ri.READINGS[0], 1.0)]
+    assert ri.max_variance(paper_p1.final["averaged_token"]) < 1e-5
+    assert math.isinf(ri.breaking_step(results, ri.run_name(ri.READINGS[0], 1.0)))
+    attention = paper_p1.final["attention"]
+    assert attention.max() / attention.min() < math.exp(0.1)  # scores within +-0.05 (5 sigma)
