@@ -5,11 +5,14 @@ Layout
 * :mod:`experiments.spec`: the data types of a figure (FigureSpec, RunSpec, Record, Panel, Claim,
   Check) and the sources that read run results (History, Final, Snapshot, Computed).
 * :mod:`experiments.quantities`: what a run can record at chosen steps (V, u, A, attention,
-  attention_example, averaged_token, scores_example, test_scores); add more with ``@quantity``.
+  attention_example, averaged_token, scores_example, test_scores, v_column_spread,
+  attention_spread, sqrt_distance, position_logits); add more with ``@quantity``.
 * :mod:`experiments.runner`: discovers the specs, trains each distinct run once (shared between
   figures), draws, checks, writes ``figNN.png``, ``results.json``, ``runs.json``, ``REPRODUCTION.md``.
 * :mod:`experiments.plots`, :mod:`experiments.report`: drawing (seaborn) and the report.
-* :mod:`experiments.specs`: one module per figure (``fig04.py`` ...) or extra study, each with ``SPEC``.
+* :mod:`experiments.specs`: one module per figure (``fig02.py`` ... ``fig13.py``) or extra study
+  (``fragility``, ``theorem31``, ``lockin``, ``probes``), each with ``SPEC``; modules starting with
+  ``_`` hold shared builders (``_walk``: Figs 4/5/8/9, ``_qa``: Figs 7/10, ``_random_init``: 6/11-13).
 
 Writing a spec
 --------------

@@ -10,9 +10,9 @@ from rwinterp.cli import command
 
 @command("reproduce", "reproduce the paper's figures: PNGs, results.json and REPRODUCTION.md")
 def _reproduce_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    parser.add_argument("figures", nargs="+", metavar="FIG",
+    parser.add_argument("figures", nargs="*", metavar="FIG",
                         help="figure numbers (2, 4, ...), extra studies by name, or 'all'")
-    parser.add_argument("--out", required=True, help="directory for the figures and the report")
+    parser.add_argument("--out", help="directory for the figures and the report (required unless --list)")
     parser.add_argument("--reduced", action="store_true",
                         help="small sizes and few steps (a smoke test; claims are not expected to hold)")
     parser.add_argument("--list", action="store_true", help="list the known figures and exit")
@@ -22,11 +22,14 @@ def _reproduce_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Na
 
 def _reproduce(args: argparse.Namespace) -> int:
     from experiments.runner import discover, reproduce
+    from rwinterp.errors import require
 
     if args.list:
         for spec_id, spec in discover().items():
             print(f"{spec_id:>12}  {spec.title}")
         return 0
+    require(bool(args.figures), "name at least one figure, or 'all' (see --list)")
+    require(bool(args.out), "--out DIR is required")
     rep = reproduce(args.figures, args.out, reduced=args.reduced,
                     progress=False if args.no_progress else None)
     claims = rep.claims

@@ -50,7 +50,12 @@ def _line(ax: Any, panel: Panel, results: Results) -> str:
         has_positive = any(line.get_ydata().size and np.nanmax(np.asarray(line.get_ydata(), float)) > 0
                            for line in ax.get_lines())
         # All-zero data (an exactly kept symmetry) cannot be log-scaled: show it on a symlog axis.
-        ax.set_yscale("log") if has_positive else ax.set_yscale("symlog", linthresh=1e-16)
+        if has_positive:
+            ax.set_yscale("log")
+        else:
+            ax.set_yscale("symlog", linthresh=1e-16)
+            ax.set_ylim(0, 1)
+            ax.set_yticks([0, 1e-16, 1e-8, 1])
     if len(panel.series) + len(panel.ref) > 1 or panel.options.get("legend"):
         ax.legend(fontsize=7, loc=panel.options.get("legend_loc", "best"))
     return ""

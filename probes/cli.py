@@ -111,9 +111,9 @@ def _compare(args: argparse.Namespace) -> int:
         print_json({"A": cards[0].scores(), "B": cards[1].scores(),
                     "difference": {k: d for k, _, _, d in result.rows()}, "report": str(out)})
         return 0
-    print(f"{'score':28s} {'A':>8s} {'B':>8s} {'B - A':>8s}")
+    print(f"{'score':40s} {'A':>8s} {'B':>8s} {'B - A':>8s}")
     for key, a, b, d in result.rows():
         if key.count(".") <= 1:
-            print(f"{key:28s} {_number(a)} {_number(b)} {_number(d)}")
+            print(f"{key:40s} {_number(a)} {_number(b)} {_number(d)}")
     print(f"report      {out / 'report.md'}")
     return 0

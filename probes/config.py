@@ -21,7 +21,8 @@ class ProbeConfig:
     * ``kind``: ``None`` detects query-slot or autoregressive models from their shapes
       (:func:`probes.targets.detect_kind`); ``"query"`` or ``"autoregressive"`` forces one.
     * ``hooks``: which activations the patching probe sweeps (a subset of :data:`HOOKS`).
-    * ``max_rows``: walks per forward pass when several patches are run stacked in one batch.
+    * ``max_rows``: rows per forward pass when several patched runs are stacked in one batch
+      (each run is a copy of the walks; larger is faster and takes more memory).
     * ``gradient_walks``: walks used for gradient-times-input attribution (the one attribution
       that needs the dense ``[walk, position, d_model]`` embeddings and a backward pass).
     * ``bootstrap``: resamples of the test walks for the confidence intervals (0: none);

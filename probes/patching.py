@@ -37,6 +37,8 @@ Sweeps (clean activations patched into the corrupted run)
 
 Several patches run stacked in one batch (each copy of the corrupted walks patched differently),
 which is what makes a full sweep of a 97-position model on 1000 walks take about a second.
+TransformerLens' ``generic_activation_patch`` runs one forward pass per patch and patches
+activations only, so it is not used for the sweeps; its patch setters are.
 
 Scores
 ------
@@ -166,7 +168,7 @@ def run_cells(
     return torch.cat(out)
 
 
-def embeddings_patch_is_substitution(model: Any, clean: Targets, corrupted: Targets, n: int = 4) -> bool:
+def embeddings_patch_is_substitution(model: Any, clean: Targets, corrupted: Targets, n: int = 8) -> bool:
     """Whether patching ``blocks.0.hook_resid_pre`` at one position equals swapping that token.
 
     True by definition for a model without that hook (the embeddings are then only reachable

@@ -21,6 +21,9 @@ from probes.transition import TransitionResult  # noqa: E402
 
 #: Positions shown in the zoomed panels (the last ones before the prediction).
 ZOOM = 8
+#: Title of the model's matrix, by the comparison the transition probe reports.
+TITLES = {"ov": "model's V (OV circuit)", "total": "model: direct + OV path",
+          "behaviour": "model: mean scores given the parent's state"}
 
 sns.set_theme(style="whitegrid", context="notebook")
 
@@ -51,14 +54,15 @@ def _parent_x(layout: Layout, n_pos: int) -> list[int]:
 def plot_transition(result: TransitionResult, path: Path) -> str:
     """Pi^T beside the model's V (its OV circuit, plus the direct path with a residual stream)."""
     Pi_T = result.Pi.T.numpy()
-    V = result.main.matrix.T.numpy()
+    logits = result.total is not None  # a residual stream: a standard model whose outputs are logits
+    V = (result.main.matrix.softmax(1) if logits else result.main.matrix).T.numpy()
     K = Pi_T.shape[0]
     annotate = K <= 10
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
     labels = list(range(K))
     for ax, mat, title, fmt in ((axes[0], Pi_T, "true transitions $\\Pi^T$", ".2f"),
-                                (axes[1], V, "model's V" if result.total is None else "model: direct + OV path",
-                                 ".2g")):
+                                (axes[1], V, TITLES[result.main_name] + (" (softmax)" if logits else ""),
+                                 ".2f" if logits else ".2g")):
         sns.heatmap(mat, ax=ax, annot=annotate, fmt=fmt, cmap="viridis", square=True,
                     xticklabels=labels, yticklabels=labels, cbar=True)
         ax.set_title(title)
@@ -66,8 +70,9 @@ def plot_transition(result: TransitionResult, path: Path) -> str:
         ax.set_ylabel("next state (score)")
     _save(fig, path)
     return ("Left: the true chance of moving from each current state (column) to each next state (row). "
-            "Right: the same map read off the model's weights; a model that learned the walk shows the same "
-            "pattern (up to scale), with its largest entries where the true map has its largest ones.")
+            "Right: the same map read off the model's weights (as probabilities, for a model whose outputs are "
+            "logits); a model that learned the walk shows the same pattern (up to scale), with its largest "
+            "entries where the true map has its largest ones.")
 
 
 def plot_attention(result: AttentionResult, path: Path) -> str:
@@ -112,14 +117,17 @@ def plot_patching(result: PatchingResult, path: Path) -> str:
         axes[0].legend(fontsize=8)
         zoom = slice(max(0, n_pos - ZOOM), n_pos)
         grid = np.stack([result.profile(name).numpy()[zoom] for name in names])
-        sns.heatmap(grid, ax=axes[1], annot=True, fmt=".2f", cmap="rocket_r", vmin=0, vmax=1, cbar=False,
+        text = np.vectorize(lambda v: "n/a" if not np.isfinite(v) else f"{v:.2f}".replace("-0.00", "0.00"))(grid)
+        sns.heatmap(grid, ax=axes[1], annot=text, fmt="", annot_kws={"size": 8}, cmap="rocket_r", vmin=0, vmax=1,
+                    cbar=False,
                     xticklabels=[str(int(v)) for v in x[zoom]], yticklabels=[_label(n) for n in names])
         axes[1].set_title("zoom: effect by hook and position")
         axes[1].set_xlabel(label.split(" (")[0])
     keys = [k for k in scores if k.startswith(("z.", "pattern."))] + ["necessity", "sufficiency"]
     values = [scores[k] for k in keys]
     sns.barplot(x=values, y=keys, ax=axes[2], color="#4c72b0", orient="h")
-    axes[2].set_xlim(min(0.0, np.nanmin(values) if values else 0.0), max(1.05, np.nanmax(values) if values else 1))
+    shown = [v for v in values if finite(v)]
+    axes[2].set_xlim(min([0.0] + shown), max([1.05] + shown))
     axes[2].set_title("whole heads; necessity and sufficiency")
     axes[2].set_xlabel("normalised effect")
     _save(fig, path)

@@ -57,6 +57,13 @@ def _interval(card: Scorecard, key: str) -> tuple[float, float]:
     return card.intervals.get(key, (math.nan, math.nan))
 
 
+def _cell(card: Scorecard, key: str) -> str:
+    """A score with its interval, where it has one."""
+    lo, hi = _interval(card, key)
+    value = card.flat().get(key, math.nan)
+    return _fmt(value) + (f" [{_fmt(lo)}, {_fmt(hi)}]" if math.isfinite(lo) else "")
+
+
 def summary_json(card: Scorecard, comparison: Optional[Comparison] = None) -> dict[str, Any]:
     """What ``rwinterp probe --json`` prints: the nested scores and, with a baseline, the same keys
     under ``baseline`` (means over seeds), with their spread under ``baseline_spread``."""
@@ -160,9 +167,7 @@ def _score_table(card: Scorecard, comparison: Optional[Comparison]) -> list[str]
     for key in HEADLINE:
         if key not in flat:
             continue
-        lo, hi = _interval(card, key)
-        cell = _fmt(flat[key]) + (f" [{_fmt(lo)}, {_fmt(hi)}]" if math.isfinite(lo) else "")
-        row = f"| `{key}` | {MEANING[key]} | {cell} |"
+        row = f"| `{key}` | {MEANING[key]} | {_cell(card, key)} |"
         if comparison is not None:
             s = comparison.spreads.get(key)
             row += (f" {_fmt(s.mean)} ± {_fmt(s.std)} [{_fmt(s.ci_low)}, {_fmt(s.ci_high)}] |" if s else " |")
@@ -194,9 +199,8 @@ def write_compare_report(out: Path, comparison: RunComparison, sources: tuple[st
                   "|---|---|---|---|---|"]
         for key in HEADLINE:
             if key in fa and key in fb:
-                (la, ha), (lb, hb) = _interval(a, key), _interval(b, key)
-                lines.append(f"| `{key}` | {MEANING[key]} | {_fmt(fa[key])} [{_fmt(la)}, {_fmt(ha)}] | "
-                             f"{_fmt(fb[key])} [{_fmt(lb)}, {_fmt(hb)}] | {_fmt(fb[key] - fa[key])} |")
+                lines.append(f"| `{key}` | {MEANING[key]} | {_cell(a, key)} | {_cell(b, key)} | "
+                             f"{_fmt(fb[key] - fa[key])} |")
         figures = [("comparison.png", f"{na} against {nb}",
                     "Each score of the two runs side by side, with intervals over test walks.")]
         figures += _figures(a, tmp, "a_") + _figures(b, tmp, "b_")

@@ -136,6 +136,8 @@ class Scorecard:
         out["bayes_accuracy"] = self.bayes_accuracy
         if self.transition is not None:
             out.update({f"transition.{k}": v for k, v in self.transition.scores().items()})
+        else:  # not a first-order chain: the headline keys are there, undefined
+            out.update({k: math.nan for k in HEADLINE if k.startswith("transition.")})
         return out
 
     def scores(self) -> dict[str, Any]:
@@ -205,6 +207,7 @@ def scorecard(model: Any, task: Task, data: Batch, config: ProbeConfig = ProbeCo
 
     A pure function of (model, task, data, config): the model's weights and mode are untouched.
     The transition probe is skipped (``None``) for tasks without a first-order transition matrix.
+    Intervals are bootstrapped over the walks, except for a weighted population (exact numbers).
     """
     require(len(data) >= 2, "probing needs at least 2 walks")
     with evaluating(model):
@@ -229,7 +232,7 @@ def scorecard(model: Any, task: Task, data: Batch, config: ProbeConfig = ProbeCo
         transition=transition,
         config=config,
     )
-    if config.bootstrap:
+    if config.bootstrap and data.weights is None:  # a weighted population is exact: no interval
         w = bootstrap_weights(data.weights, len(data), config.bootstrap, config.seed)
         lo, hi = {}, {}
         for key, draws in card._summary(w).items():

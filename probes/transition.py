@@ -27,7 +27,7 @@ headline: it is what a prediction gets from a parent it attends to fully (apart 
 terms), and training splits the work between the two paths in no particular proportion (a standard
 one-layer model on walks carries most of Pi in its direct path). Each part is kept under ``ov.``,
 ``direct.`` and ``total.``. With several layers or heads, the OV circuit of the head that attends
-to the parents most is used; with MLP layers, C skips them.
+to the parents most is used; with MLP layers, C skips them, and the headline is the behaviour below.
 
 ``behaviour.``: the same comparisons for the model's mean logits given the parent's state, over the
 probed walks (first-order chains): what the model does, whatever the circuit.
@@ -131,13 +131,20 @@ class TransitionResult:
 
     @property
     def main(self) -> MatrixComparison:
-        """The headline comparison: what a prediction gets from a parent it attends to fully,
-        ``direct + OV`` with a residual stream, the OV circuit (the paper's V) without one."""
-        return self.total if self.total is not None else self.ov
+        """The headline comparison: the behaviour when the circuit skips MLP layers; otherwise what
+        a prediction gets from a parent it attends to fully, ``direct + OV`` with a residual stream,
+        the OV circuit (the paper's V) without one."""
+        return getattr(self, self.main_name)
+
+    @property
+    def main_name(self) -> str:
+        if self.skips_mlp and self.behaviour is not None:
+            return "behaviour"
+        return "total" if self.total is not None else "ov"
 
     def scores(self) -> dict[str, float]:
         out = self.main.scores()
-        parts = ("ov", "direct", "total", "behaviour") if self.total is not None else ("behaviour",)
+        parts = ("ov", "direct", "total", "behaviour") if self.total is not None or self.skips_mlp else ("behaviour",)
         for name in parts:
             part = getattr(self, name)
             if part is not None:

@@ -104,3 +104,22 @@ def test_round_trip_through_task_dicts():
         again = task_from_dict(task.to_dict())
         assert type(again) is type(task)
         assert torch.equal(again.population().tokens, task.population().tokens)
+
+
+def test_a_trained_qa_model_saves_and_loads(tmp_path):
+    """The FC+ReLU variant on task 1 (m = 19): a saved run rebuilds the task and identical scores."""
+    from rwinterp.config import WalkTransformerConfig
+    from rwinterp.model import WalkTransformer
+    from rwinterp.runs import load_run, save_run
+    from rwinterp.training import TrainConfig, train
+
+    task = QAMajority()
+    model = WalkTransformer(WalkTransformerConfig(n_states=19, n_ctx=task.seq_len, pos_dim=40, init="gaussian",
+                                                  normalize_tokens=True, mlp_width=19, seed=1))
+    config = TrainConfig(lr=0.1, steps=3, n_train=64, n_test=64)
+    result = train(model, task, config, progress=False)
+    save_run(tmp_path / "run", model, task, config.to_dict(), result.history, {})
+    run = load_run(tmp_path / "run")
+    assert isinstance(run.task, QAMajority)
+    tokens = task.population().tokens
+    assert torch.equal(run.model.scores(tokens), model.scores(tokens))

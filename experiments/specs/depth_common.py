@@ -1,0 +1,103 @@
+"""Shared pieces of the deeper-model studies (``depth_p1``, ``depth_order``); no figure of its own.
+
+Runs use :class:`rwinterp.deep.DeepTransformer` (model dicts carry ``"kind": "deep"`` and
+:class:`rwinterp.deep.DeepConfig` fields) and record no per-step quantities: the panels and claims
+read the history (accuracy, parent attention of every layer and head) and the trained model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+
+from experiments.spec import Record, Results, RunSpec
+
+#: ``DeepConfig.standard(K, N, 32)`` as explicit fields: learned tokens and added learned positions,
+#: factored QK scaled by 1/sqrt(d_head), residual stream, causal attention, learned readout, GPT-2 init.
+STANDARD = {"pos_mode": "added", "pos_embedding": "learned", "token_embedding": "learned", "key_query": "factored",
+            "values": "all", "readout": "learned", "residual": True, "attention": "causal", "init": "standard",
+            "d_model": 32, "attn_scale": math.sqrt(32)}
+#: How the standard model is trained: AdamW, cross-entropy on next-state prediction at every position.
+STANDARD_TRAIN = {"optimizer": "adamw", "lr": 0.01, "loss": "xent", "next_token": True, "steps": 200}
+
+
+def deep_run(name: str, task: dict[str, Any], model: Optional[dict] = None, train: Optional[dict] = None,
+             reduced: Optional[dict] = None, label: str = "") -> RunSpec:
+    """A run of the deep model (``n_states``/``n_ctx`` come from the task)."""
+    return RunSpec(name, dict(task), {"kind": "deep", **(model or {})}, dict(train or {}), Record(quantities=()),
+                   dict(reduced or {}), label or name)
+
+
+def first_step(results: Results, run: str, threshold: float) -> float:
+    """First step whose test accuracy is at least ``threshold`` (inf if never)."""
+    for h in results[run].history:
+        if h["test_accuracy"] >= threshold:
+            return float(h["step"])
+    return math.inf
+
+
+def query_attention(results: Results, run: str) -> np.ndarray:
+    """Mean attention of the query slot over the test walks, ``[layer, head, position]``."""
+    import torch
+
+    r = results[run]
+
+    def compute() -> np.ndarray:
+        with torch.no_grad():
+            pattern = r.model.attention(r.test.tokens).to(torch.float64)  # [B, L, H, N]
+        w = r.test.weights
+        mean = pattern.mean(0) if w is None else torch.einsum("b,blhn->lhn", w.to(torch.float64), pattern)
+        return mean.numpy()
+
+    return r.memo("query_attention", compute)
+
+
+def parent_rows(results: Results, runs: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Per run and layer (heads summed, so a row sums to the number of heads): attention of the
+    query slot on each parent (earliest first) and on every other position together."""
+    rows, labels = [], []
+    for run in runs:
+        parents = list(results[run].task.parent_positions())
+        att = query_attention(results, run)
+        for layer in range(att.shape[0]):
+            row = att[layer].sum(0)
+            rows.append([*row[parents], row.sum() - row[parents].sum()])
+            labels.append(f"{run} L{layer}")
+    return np.array(rows), labels
+
+
+def scorecard_vs_random(results: Results, run: str, seeds: int = 2) -> dict[str, Any]:
+    """The probes' scorecard of the trained model and the mean over ``seeds`` random-initialised
+    models of the same architecture, on the same test walks (:func:`probes.scorecard.compare_to_random`)."""
+    r = results[run]
+
+    def compute() -> dict[str, Any]:
+        from probes.config import ProbeConfig
+        from probes.scorecard import compare_to_random
+
+        data = r.test if r.test.weights is not None else r.test[:300]  # a population stays whole
+        comparison = compare_to_random(r.model, r.task, data, seeds=seeds,
+                                       config=ProbeConfig(bootstrap=0, progress=False))
+        return {"trained": comparison.trained.flat(), "random": comparison.baseline_means()}
+
+    return r.memo("scorecard_vs_random", compute)
+
+
+SCORE_KEYS = ("accuracy", "parent_attention", "attention.uniformity", "patching.localization",
+              "patching.necessity")
+
+
+def score_table(results: Results, runs: list[str], keys: tuple[str, ...] = SCORE_KEYS) -> str:
+    """A text table: each run's probe scores, trained / mean of random-initialised models."""
+    short = {k: k.split(".")[-1][:11] for k in keys}
+    lines = ["run            " + " ".join(f"{short[k]:>13s}" for k in keys), "   (trained / random init)"]
+    for run in runs:
+        card = scorecard_vs_random(results, run)
+        cells = []
+        for k in keys:
+            a, b = card["trained"].get(k, math.nan), card["random"].get(k, math.nan)
+            cells.append(f"{a:6.3f}/{b:6.3f}")
+        lines.append(f"{run:14s} " + " ".join(f"{c:>13s}" for c in cells))
+    return "\n".join(lines)
