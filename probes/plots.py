@@ -110,6 +110,10 @@ def plot_patching(result: PatchingResult, path: Path) -> str:
         axes[0].plot(x, result.profile(name).numpy(), marker=".", label=_label(name))
     for parent in _parent_x(result.layout, n_pos):
         axes[0].axvline(parent, color="#d62728", lw=0.8, ls="--")
+    if not any(np.isfinite(result.profile(name).numpy()).any() for name in names):
+        axes[0].text(0.5, 0.5, "undefined: the model's output is the same for every walk", ha="center",
+                     transform=axes[0].transAxes)
+    axes[0].set_xlim(x.min() - 1, x.max() + 1)
     axes[0].set_title("patching one position at a time (dashed = parent)")
     axes[0].set_xlabel(label)
     axes[0].set_ylabel("share of clean output recovered")

@@ -29,7 +29,7 @@ What makes the random baseline fair (see :func:`random_like`)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 import torch
@@ -212,7 +212,7 @@ def scorecard(model: Any, task: Task, data: Batch, config: ProbeConfig = ProbeCo
     require(len(data) >= 2, "probing needs at least 2 walks")
     with evaluating(model):
         targets = targets_for(model, task, data, config.kind)
-        config = ProbeConfig(**{**config.to_dict(), "kind": targets.kind})
+        config = replace(config, kind=targets.kind)
         logits = targets.select(run_logits(model, targets.inputs))
         hits = (predict(logits) == targets.labels).to(torch.float64)
         attention = attention_probe(model, task, data, config)
@@ -247,9 +247,10 @@ def describe_model(model: Any) -> str:
     cfg = model.cfg
     to_dict = getattr(cfg, "to_dict", None)
     fields_ = to_dict() if callable(to_dict) else {}
-    keep = {k: v for k, v in fields_.items() if isinstance(v, (int, float, str, bool)) and not isinstance(v, list)}
-    if not keep:
-        keep = {k: getattr(cfg, k) for k in ("n_layers", "n_heads", "d_model", "n_ctx", "d_vocab") if hasattr(cfg, k)}
+    keep = {k: v for k, v in fields_.items() if isinstance(v, (int, float, str, bool))}
+    if not keep or len(keep) > 12:  # a large generic config: its architecture is enough
+        keep = {k: getattr(cfg, k) for k in ("n_layers", "n_heads", "d_model", "d_head", "n_ctx", "d_vocab",
+                                              "attn_only", "d_mlp") if hasattr(cfg, k)}
     return f"{type(model).__name__}(" + ", ".join(f"{k}={v}" for k, v in keep.items()) + ")"
 
 

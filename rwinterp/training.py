@@ -175,15 +175,40 @@ def reduction_scale(config: TrainConfig, batch: Batch) -> float:
     return float(config.n_train if batch.weights is not None else len(batch))
 
 
+class GradientDescent(torch.optim.Optimizer):
+    """Plain ``p <- p - lr * (grad + weight_decay * p)`` with every operation rounded on its own.
+
+    ``torch.optim.SGD`` fuses the update into one multiply-add whose SIMD lanes and scalar tail
+    round differently, so entries that are equal in exact arithmetic can drift apart by one ulp
+    (enough to break the exact symmetry of the deterministic walk, Theorem 4.1, when the number
+    of entries is not a multiple of the vector width). Separate multiply and subtract kernels are
+    each correctly rounded, whichever path computes an entry.
+    """
+
+    def __init__(self, params: Any, lr: float, weight_decay: float = 0.0):
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                direction = p.grad
+                if group["weight_decay"]:
+                    direction = direction + group["weight_decay"] * p
+                p.sub_(group["lr"] * direction)
+
+
 def _optimizer(model: WalkTransformer, config: TrainConfig) -> torch.optim.Optimizer:
     if config.optimizer == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     u = getattr(model, "u", None)
     if not isinstance(u, torch.nn.Parameter):  # a model that stores its weights as they are
-        return torch.optim.SGD(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        return GradientDescent(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     others = [p for p in model.parameters() if p is not u]
     # Gradient descent on W moves u by ||x~_N||^2 times the gradient step on u.
-    return torch.optim.SGD(
+    return GradientDescent(
         [{"params": others, "lr": config.lr}, {"params": [u], "lr": config.lr * model.u_lr_scale()}],
         lr=config.lr,
         weight_decay=config.weight_decay,

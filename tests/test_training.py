@@ -116,3 +116,19 @@ def test_other_optimizers_learn_the_walk(optimizer, extra):
     cfg.update(extra)
     result = train(model, task, TrainConfig(**cfg), progress=False)
     assert result.final["test_accuracy"] > 0.7
+
+
+@pytest.mark.parametrize("K, dtype", [(5, "float64"), (7, "float32")])
+def test_deterministic_walk_keeps_exact_symmetry_with_sampled_walks(K, dtype):
+    """Theorem 4.1 with a finite training set, for K whose V has entries beyond a SIMD block: exactly
+    orthogonal embeddings keep attention uniform and every row of V constant, bit for bit."""
+    N = 4 * K + 1
+    task = CircleWalk(K, 1.0, N)
+    model = paper_model(task, pos_dim=64, dtype=dtype)
+    result = train(model, task, TrainConfig(steps=30, n_train=300, n_test=300), progress=False)
+    V = model.V.detach()
+    assert torch.equal(V, V[:, :1].expand_as(V))
+    pattern = model.attention(task.sample(20, 1).tokens).detach()[:, : N - 1]
+    assert torch.equal(pattern, pattern[:, :1].expand_as(pattern))
+    assert all(abs(h["test_accuracy"] - 1 / K) < 4 * math.sqrt((1 / K) * (1 - 1 / K) / 300)
+               for h in result.history)

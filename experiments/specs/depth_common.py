@@ -68,16 +68,19 @@ def parent_rows(results: Results, runs: list[str]) -> tuple[np.ndarray, list[str
     return np.array(rows), labels
 
 
-def scorecard_vs_random(results: Results, run: str, seeds: int = 2) -> dict[str, Any]:
-    """The probes' scorecard of the trained model and the mean over ``seeds`` random-initialised
-    models of the same architecture, on the same test walks (:func:`probes.scorecard.compare_to_random`)."""
+def scorecard_vs_random(results: Results, run: str) -> dict[str, Any]:
+    """The probes' scorecard of the trained model and the mean over random-initialised models of
+    the same architecture, on the same test walks (:func:`probes.scorecard.compare_to_random`):
+    2 seeds on the first 200 test walks (1 seed on 50 walks in reduced mode). A population test
+    set is probed whole."""
     r = results[run]
+    seeds, walks = (1, 50) if results.reduced else (2, 200)
 
     def compute() -> dict[str, Any]:
         from probes.config import ProbeConfig
         from probes.scorecard import compare_to_random
 
-        data = r.test if r.test.weights is not None else r.test[:300]  # a population stays whole
+        data = r.test if r.test.weights is not None else r.test[:walks]
         comparison = compare_to_random(r.model, r.task, data, seeds=seeds,
                                        config=ProbeConfig(bootstrap=0, progress=False))
         return {"trained": comparison.trained.flat(), "random": comparison.baseline_means()}
@@ -92,7 +95,7 @@ SCORE_KEYS = ("accuracy", "parent_attention", "attention.uniformity", "patching.
 def score_table(results: Results, runs: list[str], keys: tuple[str, ...] = SCORE_KEYS) -> str:
     """A text table: each run's probe scores, trained / mean of random-initialised models."""
     short = {k: k.split(".")[-1][:11] for k in keys}
-    lines = ["run            " + " ".join(f"{short[k]:>13s}" for k in keys), "   (trained / random init)"]
+    lines = ["run            " + " ".join(f"{short[k]:>13s}" for k in keys), "(trained / random init)"]
     for run in runs:
         card = scorecard_vs_random(results, run)
         cells = []
