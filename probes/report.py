@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from probes.scorecard import HEADLINE, MEANING, Comparison, RunComparison, Scorecard, nest
 from rwinterp.cli import _json_safe
-from rwinterp.errors import require
+from rwinterp.atomic import atomic_directory as _atomic_directory
 
 SCORES_FILE = "scores.json"
 REPORT_FILE = "report.md"
@@ -24,27 +22,7 @@ REPORT_FILE = "report.md"
 
 def atomic_directory(target: Path, build: Callable[[Path], None]) -> Path:
     """Run ``build(tmp)`` in a fresh temporary directory, then move it to ``target``."""
-    target = Path(target)
-    if target.exists():
-        require(target.is_dir(), f"{target} exists and is not a directory")
-        require((target / SCORES_FILE).exists() or not any(target.iterdir()),
-                f"{target} exists and is not a report directory; choose another --out")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
-        build(tmp)
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-            target.rename(old)
-            tmp.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return _atomic_directory(target, build, marker=SCORES_FILE, kind="report")
 
 
 def _fmt(value: Optional[float], digits: int = 3) -> str:

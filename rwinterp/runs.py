@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -26,6 +24,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
+from rwinterp.atomic import atomic_directory
 from rwinterp.errors import RwinterpError, require
 from rwinterp.tasks import Task, task_from_dict
 
@@ -113,12 +112,6 @@ def save_run(
     """Write a run atomically; returns its path."""
     from safetensors.torch import save_file
 
-    target = Path(directory)
-    if target.exists():
-        require(target.is_dir(), f"{target} exists and is not a directory")
-        is_run = (target / CONFIG_FILE).exists()
-        require(is_run or not any(target.iterdir()),
-                f"{target} exists and is not a run directory; choose another --out")
     kind = model_kind_of(model)
     config = {
         "format": FORMAT,
@@ -127,25 +120,14 @@ def save_run(
         "task": task.to_dict(),
         "train": train,
     }
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
-        state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+
+    def build(tmp: Path) -> None:
         save_file(state, str(tmp / WEIGHTS_FILE))
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
         (tmp / HISTORY_FILE).write_text(json.dumps({"summary": summary, "history": history}, indent=1))
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-            target.rename(old)
-            tmp.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    return atomic_directory(directory, build, marker=CONFIG_FILE, kind="run")
 
 
 def _read_json(path: Path) -> Any:

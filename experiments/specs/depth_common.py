@@ -20,7 +20,7 @@ STANDARD = {"pos_mode": "added", "pos_embedding": "learned", "token_embedding": 
             "values": "all", "readout": "learned", "residual": True, "attention": "causal", "init": "standard",
             "d_model": 32, "attn_scale": math.sqrt(32)}
 #: How the standard model is trained: AdamW, cross-entropy on next-state prediction at every position.
-STANDARD_TRAIN = {"optimizer": "adamw", "lr": 0.01, "loss": "xent", "next_token": True, "steps": 200}
+STANDARD_TRAIN = {"optimizer": "adamw", "lr": 0.01, "loss": "xent", "next_token": True, "steps": 80}
 
 
 def deep_run(name: str, task: dict[str, Any], model: Optional[dict] = None, train: Optional[dict] = None,
@@ -71,10 +71,10 @@ def parent_rows(results: Results, runs: list[str]) -> tuple[np.ndarray, list[str
 def scorecard_vs_random(results: Results, run: str) -> dict[str, Any]:
     """The probes' scorecard of the trained model and the mean over random-initialised models of
     the same architecture, on the same test walks (:func:`probes.scorecard.compare_to_random`):
-    2 seeds on the first 200 test walks (1 seed on 50 walks in reduced mode). A population test
+    2 seeds on the first 100 test walks (1 seed on 50 walks in reduced mode). A population test
     set is probed whole."""
     r = results[run]
-    seeds, walks = (1, 50) if results.reduced else (2, 200)
+    seeds, walks = (1, 50) if results.reduced else (2, 100)
 
     def compute() -> dict[str, Any]:
         from probes.config import ProbeConfig

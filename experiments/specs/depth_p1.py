@@ -11,7 +11,7 @@ the label (s_N = s_j + N - j mod K), so a model can be perfect while attending a
 
 All runs: circle, K = 6, p = 1, N = 25 (r = 4), 1000 training and 1000 test walks; the paper's
 training (gradient descent, lr 1, loss -log(f_y + 0.1), 50 steps) except the standard transformer
-(AdamW, cross-entropy on next-state prediction, 200 steps). Concatenated embeddings use M = 128.
+(AdamW, cross-entropy on next-state prediction, 80 steps). Concatenated embeddings use M = 128.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ ADDED = {"pos_mode": "added", "d_model": 64, "values": "all"}
 
 VARIANTS = [  # name, model options, training options, label
     ("paper", {}, {}, "paper (1 layer)"),
-    ("depth2", {"n_layers": 2, "residual": True}, {}, "2 layers + residual"),
-    ("depth2-nores", {"n_layers": 2}, {}, "2 layers, no residual"),
-    ("heads2", {"n_heads": 2}, {}, "2 heads"),
-    ("gaussian", {"init": "gaussian", "init_sigma": 0.01}, {}, "Gaussian init 0.01"),
-    ("std-init", {"init": "standard"}, {}, "GPT-2 init"),
-    ("added-sine", {**ADDED, "pos_embedding": "sine"}, {}, "added sine positions"),
-    ("added-learned", {**ADDED, "pos_embedding": "learned", "init": "standard"}, {}, "added learned + GPT-2 init"),
+    ("2L", {"n_layers": 2, "residual": True}, {}, "2 layers + residual"),
+    ("2L-nores", {"n_layers": 2}, {}, "2 layers, no residual"),
+    ("2H", {"n_heads": 2}, {}, "2 heads"),
+    ("gauss", {"init": "gaussian", "init_sigma": 0.01}, {}, "Gaussian init 0.01"),
+    ("gpt2", {"init": "standard"}, {}, "GPT-2 init"),
+    ("add-sine", {**ADDED, "pos_embedding": "sine"}, {}, "added sine positions"),
+    ("add-learn", {**ADDED, "pos_embedding": "learned", "init": "standard"}, {}, "added learned + GPT-2 init"),
     ("standard", STANDARD, STANDARD_TRAIN, "standard transformer"),
 ]
 NAMES = [v[0] for v in VARIANTS]
@@ -88,17 +88,17 @@ SPEC = FigureSpec(
                      "on the population, in tests/test_deep.py).")
           for name, _, _, label in VARIANTS[:4]],
         Claim("a small Gaussian initialisation (sigma 0.01, no normalisation) solves the walk",
-              Final("gaussian", "test_accuracy"), at_least(0.99)),
-        Claim("... without attending to the parent (parent attention)", Final("gaussian", "parent_attention"),
+              Final("gauss", "test_accuracy"), at_least(0.99)),
+        Claim("... without attending to the parent (parent attention)", Final("gauss", "parent_attention"),
               at_most(0.1), note="With squared positional norm M/2 = 64 the random attention logits are large: "
                                  "the query slot attends sharply to one arbitrary position, which determines the "
                                  "label of a deterministic walk as well as the parent does."),
         Claim("... but sharply to a single other position (largest mean attention)",
-              Computed(lambda r: _top_position("gaussian")(r)["attention"]), at_least(0.9)),
+              Computed(lambda r: _top_position("gauss")(r)["attention"]), at_least(0.9)),
         Claim("GPT-2-style initialisation of the paper's architecture solves the walk",
-              Final("std-init", "test_accuracy"), at_least(0.99)),
+              Final("gpt2", "test_accuracy"), at_least(0.99)),
         Claim("added sine positional embeddings break the symmetry from zero initialisation (accuracy above "
-              "chance by more than 3 standard errors)", Final("added-sine", "test_accuracy"),
+              "chance by more than 3 standard errors)", Final("add-sine", "test_accuracy"),
               at_least(CHANCE + binomial_tol(CHANCE, 1000)),
               note="Values then read the positions too, and sine embeddings are not orthogonal with equal "
                    "overlaps, so the key-query gradient differs between positions."),
