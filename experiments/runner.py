@@ -109,16 +109,16 @@ def plan(figures: list[FigureSpec], reduced: bool = False) -> tuple[list[Planned
 
 # -------------------------------------------------------------------------------------- execute
 def build(run: RunSpec) -> tuple[Any, Any, Any]:
-    """(model, task, train config) of a run spec."""
+    """(model, task, train config) of a run spec. The model dict's optional ``"kind"`` names a
+    registered model kind (:func:`rwinterp.runs.build_model`; default ``"walk"``, the paper's model)."""
     import rwinterp.qa  # noqa: F401  (registers the QA tasks)
-    from rwinterp.config import WalkTransformerConfig
-    from rwinterp.model import WalkTransformer
+    from rwinterp.runs import build_model
     from rwinterp.tasks import task_from_dict
     from rwinterp.training import TrainConfig
 
     task = task_from_dict(run.task)
     model_cfg = {"n_states": task.n_states, "n_ctx": task.seq_len, **run.model}
-    model = WalkTransformer(WalkTransformerConfig.from_dict(model_cfg))
+    model = build_model(model_cfg.pop("kind", "walk"), model_cfg)
     return model, task, TrainConfig.from_dict(run.train)
 
 

@@ -100,7 +100,8 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cols", type=int, default=None, help="torus columns")
     g.add_argument("--degree", type=int, default=None, help="degree of the random regular graph (default 3)")
     g.add_argument("--graph-seed", type=int, default=None, help="seed of the random regular graph (default 0)")
-    g.add_argument("--q", type=float, default=None, help="persistent walk: probability of keeping direction (default 0.8)")
+    g.add_argument("--q", type=float, default=None,
+                   help="persistent walk: probability of keeping direction (default 0.8)")
     g.add_argument("--order", type=int, default=None, help="random-order chain: its order k (default 2)")
     g.add_argument("--concentration", type=float, default=None,
                    help="random-order chain: Dirichlet concentration of its rows (default 1)")
@@ -113,7 +114,9 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
 def add_deep_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("deeper and standard models (--model deep; rwinterp.deep)")
     g.add_argument("--model", choices=["paper", "deep"], default="paper",
-                   help="paper: the paper's one-layer model (default); deep: rwinterp.deep.DeepTransformer")
+                   help="paper: the paper's one-layer model (default); deep: rwinterp.deep.DeepTransformer, "
+                        "which holds [walks, N, d_model] activations: with concatenated positions keep M small "
+                        "(e.g. --M 64)")
     g.add_argument("--preset", choices=["paper", "standard"], default=None,
                    help="deep model starting point: paper (default; the paper's model as a DeepTransformer) or "
                         "standard (learned added positions, factored QK, residual, causal, GPT-2 init, d_model 32); "
@@ -122,7 +125,8 @@ def add_deep_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--heads", type=int, default=None, help="heads per layer")
     g.add_argument("--d-model", type=int, default=None, help="residual width (added positions)")
     g.add_argument("--d-head", type=int, default=None, help="head width")
-    g.add_argument("--pos-mode", choices=["concat", "added"], default=None, help="positions concatenated (paper) or added")
+    g.add_argument("--pos-mode", choices=["concat", "added"], default=None,
+                   help="positions concatenated (paper) or added")
     g.add_argument("--token-embedding", choices=["onehot", "learned"], default=None)
     g.add_argument("--d-token", type=int, default=None, help="width of learned token embeddings (concat)")
     g.add_argument("--key-query", choices=["merged", "factored"], default=None, help="merged W (paper) or W_Q, W_K")
@@ -207,7 +211,8 @@ def make_task(args: argparse.Namespace) -> Any:
         if args.rows is None or args.cols is None:
             raise RwinterpError("--task torus needs --rows and --cols")
         if args.K is not None and args.K != args.rows * args.cols:
-            raise RwinterpError(f"a {args.rows} x {args.cols} torus has K = {args.rows * args.cols} states, not {args.K}")
+            raise RwinterpError(f"a {args.rows} x {args.cols} torus has K = {args.rows * args.cols} states, "
+                                f"not {args.K}")
         return chains.TorusWalk(args.rows, args.cols, args.N, opt("stay", 0.0),
                                 _start(args.start, args.rows * args.cols))
     if args.task == "regular":
@@ -363,4 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Sub-command modules register into ``rwinterp.cli``, not into ``__main__``.
+    from rwinterp.cli import main as _main
+
+    raise SystemExit(_main())

@@ -68,8 +68,9 @@ hook                                shape                        content
 
 ``x_q``/``x_k`` are the residual rows divided by their norm when ``normalize_tokens`` is set (the
 paper's random-initialisation runs; ``normalize_query = False`` normalises the keys only). In
-``query`` mode the rows other than the query slot pass through every block unchanged. With ``key_query = "merged"``, ``W_Q = W^T`` and ``W_K = I``
-(``d_qk = d_model``), so ``W_Q W_K^T = W^T`` as TransformerLens expects (``score = q . k``).
+``query`` mode the rows other than the query slot pass through every block unchanged. With
+``key_query = "merged"``, ``W_Q = W^T`` and ``W_K = I`` (``d_qk = d_model``), so ``W_Q W_K^T = W^T``
+as TransformerLens expects (``score = q . k``).
 """
 
 from __future__ import annotations
@@ -198,7 +199,8 @@ class DeepConfig(TransformerLensConfig):
                     f"mlp width must be a positive integer, got {self.mlp_width}")
         if self.d_head in (-1, None):
             self.d_head = K if self.readout == "fixed" else max(1, self.d_model // self.n_heads)
-        require(isinstance(self.d_head, int) and self.d_head >= 1, f"d_head must be a positive integer, got {self.d_head}")
+        require(isinstance(self.d_head, int) and self.d_head >= 1,
+                f"d_head must be a positive integer, got {self.d_head}")
         if self.readout == "fixed":
             require(self.d_head <= self.d_model and K <= self.d_model,
                     f"the fixed readout needs d_head <= d_model and K <= d_model (got d_head={self.d_head}, "
@@ -378,8 +380,8 @@ class DeepTransformer(HookedRootModule):
         if cfg.token_embedding == "learned":
             self.embed = nn.Parameter(torch.zeros(K + 1, cfg.d_token, dtype=cfg.dtype))
         else:  # one-hot; the query token embeds to zero (the paper's query slot x_N = 0)
-            self.register_buffer("embed", torch.eye(K + 1, cfg.d_token, dtype=cfg.dtype) * (torch.arange(K + 1) < K)[:, None],
-                                 persistent=False)
+            onehot = torch.eye(K + 1, cfg.d_token, dtype=cfg.dtype) * (torch.arange(K + 1) < K)[:, None]
+            self.register_buffer("embed", onehot, persistent=False)
         if cfg.pos_embedding == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(N, cfg.pos_dim, dtype=cfg.dtype))
         else:
@@ -482,21 +484,9 @@ class DeepTransformer(HookedRootModule):
         return (self.W_E[: cfg.n_states] @ self.W_V[0, 0] @ self.W_O[0, 0] @ self.W_U).T
 
     # ------------------------------------------------------------------ forward
-    def to_tokens(self, tokens: Any) -> Int[Tensor, "batch pos"]:
-        """Tokens are integer tensors already (no tokenizer); accepts a task ``Batch`` too."""
-        return self._check_tokens(torch.as_tensor(getattr(tokens, "tokens", tokens)))
-
-    def _check_tokens(self, tokens: Tensor) -> Tensor:
-        cfg = self.cfg
-        if tokens.ndim == 1:
-            tokens = tokens[None]
-        require(tokens.ndim == 2 and tokens.shape[1] == cfg.n_ctx,
-                f"tokens must have shape [batch, {cfg.n_ctx}], got {list(tokens.shape)}")
-        require(not tokens.is_floating_point(), "tokens must be an integer tensor")
-        if tokens.numel():
-            require(int(tokens.min()) >= 0 and int(tokens.max()) <= cfg.n_states,
-                    f"tokens must lie in [0, {cfg.n_states}] ({cfg.n_states} is the query token)")
-        return tokens
+    # Tokens: integer tensors [batch, N] in [0, K] (no tokenizer), checked as for the paper's model.
+    to_tokens = WalkTransformer.to_tokens
+    _check_tokens = WalkTransformer._check_tokens
 
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch Q K"]:
         """Logits (raw scores) at the query slot (``[batch, 1, K]``) or at every position (causal)."""

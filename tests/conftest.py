@@ -10,7 +10,7 @@ from rwinterp.model import WalkTransformer
 from rwinterp.tasks import CircleWalk
 from rwinterp.training import TrainConfig, train
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # tiny tensors: one thread is fastest, and immune to a busy machine
 
 
 def paper_model(task: CircleWalk, **kwargs) -> WalkTransformer:

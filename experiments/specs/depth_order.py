@@ -19,7 +19,9 @@ parent is decided early in training and differs between seeds.
 
 Attribution per layer: (c) the query slot's attention on each parent, heads summed; (d) value
 patching (``probes.patching``, the ``v`` sweep): the share of the clean output recovered by
-patching the value vectors of one position in one layer, at each parent.
+patching the value vectors of one position in one layer, at each parent. For autoregressive
+(standard) models the patching rows average over every prediction, with parents at offsets -1 and
+0 from the predicting position; the attention rows are the query slot's.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 from experiments.spec import (Claim, Computed, FigureSpec, Final, Panel, Results, accuracy_near, at_least,
                               at_most, binomial_tol)
 from experiments.specs.depth_common import STANDARD, deep_run, parent_rows, query_attention, score_table
+from rwinterp.tasks import task_from_dict
 
 PERSISTENT = {"kind": "persistent", "K": 5, "q": 0.8, "N": 8}
 RANDOM = {"kind": "random-order", "K": 4, "order": 2, "N": 8, "concentration": 0.5, "chain_seed": 0}
@@ -59,15 +62,18 @@ RANDOM_RUNS = [r.name for r in RUNS if r.name.startswith("r-")]
 TWO_LAYER = [f"two-s{s}" for s in SEEDS] + [f"std2-s{s}" for s in SEEDS] + ["r-two", "r-std2"]
 
 
+def _reference_accuracies(task_dict: dict) -> tuple[float, float]:
+    """Bayes accuracy of a second-order chain, and that of the best predictor seeing s_{N-1} alone."""
+    task = task_from_dict(task_dict)
+    joint = (task.parent_marginal()[..., None] * task.transition_tensor()).sum(0)  # P(s_{N-1}, y)
+    return task.bayes_accuracy(), float(joint.max(-1).values.sum())
+
+
+RANDOM_BAYES, RANDOM_LAST_STATE = _reference_accuracies(RANDOM)
+
+
 def _accuracies(runs: list[str]) -> Computed:
     return Computed(lambda r: {name: float(r[name].final["test_accuracy"]) for name in runs})
-
-
-def _last_state_accuracy(results: Results) -> float:
-    """Best accuracy of a predictor that sees only s_{N-1} (the first-order reference)."""
-    task = results["r-one"].task
-    joint = (task.parent_marginal()[..., None] * task.transition_tensor()).sum(0)  # P(s_{N-1}, y)
-    return float(joint.max(-1).values.sum())
 
 
 def value_patching_rows(results: Results, runs: list[str]) -> tuple[np.ndarray, list[str]]:
@@ -83,7 +89,8 @@ def value_patching_rows(results: Results, runs: list[str]) -> tuple[np.ndarray, 
         data = r.test if r.test.weights is not None else r.test[:walks]
         result = r.memo("value_patching", lambda: patching_probe(
             r.model, r.task, data, ProbeConfig(hooks=("v",), bootstrap=0, progress=False)))
-        offsets = (np.nonzero(result.parents[0].numpy())[0] - int(result.source[0])).tolist()
+        layout = result.layout
+        offsets = (np.nonzero(layout.parents[0].numpy())[0] - int(layout.source[0])).tolist()
         for layer in range(r.model.cfg.n_layers):
             profile = result.profile(f"v.{layer}").numpy()
             idx = [len(profile) - 1 + o for o in offsets]
@@ -117,10 +124,12 @@ ROWS_NOTE = "rows: run and layer; columns: parent s_{N-2}, parent s_{N-1}, all o
 SPEC = FigureSpec(
     id="depth-order",
     title="second-order chains: which layer finds which parent",
-    caption=("Two-layer models reach the Bayes accuracy of both second-order chains; the one-layer single-head "
-             "model does not. Which layer takes which parent differs between seeds: often one layer attends to "
-             "s_{N-1} and the other to s_{N-2}, sometimes a layer splits its attention between them; a single "
-             "head splitting its attention suffices for the additive persistent walk but not for a random chain."),
+    caption=("On the persistent walk every two-layer standard transformer, and the paper-style two-layer model in "
+             "two seeds of three, reach the Bayes accuracy; the one-layer single-head model does not, one layer "
+             "with two heads does. Which layer attends to which parent differs between seeds (c). Patching one "
+             "position's values (d) credits mostly s_{N-1} on the persistent walk: s_{N-2} patched alone into "
+             "another walk rarely fits it. On the random chain, whose rule is not additive in the parents, the "
+             "one-layer model does no better than s_{N-1} alone and the two-layer models get closer to Bayes."),
     runs=RUNS,
     layout=(2, 3),
     panel_size=(6.0, 4.2),
@@ -128,7 +137,7 @@ SPEC = FigureSpec(
         Panel("bar", "(a) persistent walk: accuracy (exact, population)", data=_accuracies(PERSISTENT_RUNS),
               ref={"Bayes q": 0.8, "s_{N-1} alone": 0.5}, ylabel="accuracy", ylim=(0, 1)),
         Panel("bar", "(b) random 2nd-order chain: test accuracy", data=_accuracies(RANDOM_RUNS),
-              ref={"Bayes": 0.5414}, ylabel="accuracy", ylim=(0, 1)),
+              ref={"Bayes": RANDOM_BAYES, "s_{N-1} alone": RANDOM_LAST_STATE}, ylabel="accuracy", ylim=(0, 1)),
         Panel("heatmap", "(c) query-slot attention per layer on the parents", data=_heat(parent_rows, TWO_LAYER),
               xlabel=ROWS_NOTE, options={"annot": True}),
         Panel("heatmap", "(d) value patching per layer at the parents", data=_heat(value_patching_rows, TWO_LAYER),
@@ -143,7 +152,10 @@ SPEC = FigureSpec(
     claims=[
         Claim("every two-layer paper-style model reaches the Bayes accuracy q = 0.8 of the persistent walk "
               "(within 0.02; lowest of 3 seeds)",
-              Computed(lambda r: min(r[f"two-s{s}"].final["test_accuracy"] for s in SEEDS)), at_least(0.78)),
+              Computed(lambda r: min(r[f"two-s{s}"].final["test_accuracy"] for s in SEEDS)), at_least(0.78),
+              note="Not every seed: a run whose second layer spreads its attention over several positions "
+                   "early stays below (seed 2 at 0.74 after 200 steps, still at 0.74 after 300 in a trial run). "
+                   "A two-layer model can represent the rule; whether training finds it depends on the seed."),
         Claim("every two-layer standard transformer does too (lowest of 3 seeds)",
               Computed(lambda r: min(r[f"std2-s{s}"].final["test_accuracy"] for s in SEEDS)), at_least(0.78)),
         Claim("the one-layer single-head paper-style model falls short of it", Final("one", "test_accuracy"),
@@ -156,8 +168,9 @@ SPEC = FigureSpec(
         Claim("in the two-layer paper-style models the layers divide the parents: each parent gets at least half "
               "of some layer's attention (number of seeds out of 3)",
               Computed(lambda r: sum(_divided(r, f"two-s{s}") for s in SEEDS)), at_least(3),
-              note="Counts seeds; where it fails, a layer spreads its attention over several positions and the "
-                   "value patching in (d) shows which layer carries which parent."),
+              note="Counts seeds. Where it fails, one layer takes one parent and the other layer spreads its "
+                   "attention (rows of panel c); the model can still be Bayes-optimal (seed 0), because the "
+                   "rule is additive and an attention mixture of the two parents can carry it."),
         Claim("a two-layer attention-only model reaches the Bayes accuracy of the random second-order chain",
               Final("r-two", "test_accuracy"), lambda r: accuracy_near("r-two", r["r-two"].task.bayes_accuracy())(r)),
         Claim("the one-layer model stays below it (by more than 3 standard errors)", Final("r-one", "test_accuracy"),
@@ -165,7 +178,8 @@ SPEC = FigureSpec(
                                                                                 len(r["r-one"].test)))),
         Claim("... and does no better than the best predictor from s_{N-1} alone (plus 3 standard errors)",
               Final("r-one", "test_accuracy"),
-              lambda r: at_most(_last_state_accuracy(r) + binomial_tol(0.5, len(r["r-one"].test)))),
+              lambda r: at_most(_reference_accuracies(r["r-one"].spec.task)[1]
+                                + binomial_tol(RANDOM_LAST_STATE, len(r["r-one"].test)))),
     ],
     reduced={"task": {"N": 6}, "train": {"steps": 10, "n_train": 200, "n_test": 200}},
 )
