@@ -20,7 +20,6 @@ specs give the same numbers.
 from __future__ import annotations
 
 import importlib
-import json
 import math
 import os
 import pkgutil
@@ -33,9 +32,9 @@ from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
-from experiments.spec import (QUANTITIES, Check, ClaimResult, FigureSpec, Record, Results, RunResult, RunSpec,
+from experiments.spec import (QUANTITIES, Check, ClaimResult, FigureSpec, Results, RunResult, RunSpec,
                               StepView)
-from rwinterp.errors import RwinterpError, require
+from rwinterp.errors import require
 
 SPEC_PACKAGE = "experiments.specs"
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-from rwinterp.errors import require
+from rwinterp.errors import from_dict_checked, require
 
 #: Activations the patching probe sweeps: the residual stream at the start of each layer (layer 0
 #: is the embeddings) and the value vectors, position by position; each head's output z and
@@ -55,7 +55,4 @@ class ProbeConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ProbeConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        require(not unknown, f"unknown probe config fields: {', '.join(unknown)}")
-        return cls(**data)
+        return from_dict_checked(cls, data, "probe config")

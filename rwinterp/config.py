@@ -17,17 +17,26 @@ m (appendix F.2)       ``mlp_width``       ``d_mlp = m``; ``attn_only`` when ``N
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 from transformer_lens.config import TransformerLensConfig
 
-from rwinterp.errors import RwinterpError, require
+from rwinterp.errors import RwinterpError, from_dict_checked, require
 
 POS_EMBEDDINGS = ("orthogonal", "sine")
 INITS = ("zero", "gaussian")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def resolve_dtype(dtype: "str | torch.dtype") -> torch.dtype:
+    """A supported torch dtype from its name or itself; anything else is a one-line error."""
+    if isinstance(dtype, str):
+        require(dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
+        dtype = DTYPES[dtype]
+    dtype_name(dtype)
+    return dtype
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -67,10 +76,7 @@ class WalkTransformerConfig(TransformerLensConfig):
     dtype: torch.dtype = torch.float64
 
     def __post_init__(self) -> None:
-        if isinstance(self.dtype, str):
-            require(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype}")
-            self.dtype = DTYPES[self.dtype]
-        dtype_name(self.dtype)
+        self.dtype = resolve_dtype(self.dtype)
         K, M, N = self.n_states, self.pos_dim, self.n_ctx
         require(isinstance(K, int) and K >= 2, f"the number of states K must be >= 2, got {K}")
         require(isinstance(N, int) and N >= 2, f"N must be an integer >= 2, got {N}")
@@ -106,7 +112,4 @@ class WalkTransformerConfig(TransformerLensConfig):
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any]) -> "WalkTransformerConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(config_dict) - known)
-        require(not unknown, f"unknown model config fields: {', '.join(unknown)}")
-        return cls(**config_dict)
+        return from_dict_checked(cls, config_dict, "model config")

@@ -76,7 +76,7 @@ as TransformerLens expects (``score = q . k``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -89,9 +89,9 @@ from transformer_lens.FactoredMatrix import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from rwinterp.config import DTYPES, WalkTransformerConfig, dtype_name
-from rwinterp.errors import require
-from rwinterp.model import WalkTransformer, positional_embeddings
+from rwinterp.config import WalkTransformerConfig, dtype_name, resolve_dtype
+from rwinterp.errors import from_dict_checked, require
+from rwinterp.model import WalkBlock, WalkTransformer, positional_embeddings
 from rwinterp.runs import ModelKind, register_model_kind
 
 CHOICES = {
@@ -154,10 +154,7 @@ class DeepConfig(TransformerLensConfig):
     dtype: torch.dtype = torch.float64
 
     def __post_init__(self) -> None:
-        if isinstance(self.dtype, str):
-            require(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype}")
-            self.dtype = DTYPES[self.dtype]
-        dtype_name(self.dtype)
+        self.dtype = resolve_dtype(self.dtype)
         for name, allowed in CHOICES.items():
             value = getattr(self, name)
             require(value in allowed, f"{name.replace('_', ' ')} must be one of {', '.join(allowed)}, got {value!r}")
@@ -266,10 +263,7 @@ class DeepConfig(TransformerLensConfig):
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any]) -> "DeepConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(config_dict) - known)
-        require(not unknown, f"unknown model config fields: {', '.join(unknown)}")
-        return cls(**config_dict)
+        return from_dict_checked(cls, config_dict, "model config")
 
 
 # ---------------------------------------------------------------------------------------- layers
@@ -333,18 +327,9 @@ class MLP(nn.Module):
         return self.hook_post(F.relu(self.hook_pre(x @ self.W_in))) @ self.W_out
 
 
-class Block(nn.Module):
+class Block(WalkBlock):
     def __init__(self, cfg: DeepConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.attn = Attention(cfg)
-        self.hook_resid_pre = HookPoint()
-        self.hook_attn_out = HookPoint()
-        self.hook_resid_post = HookPoint()
-        if cfg.mlp_width is not None:
-            self.mlp = MLP(cfg)
-            self.hook_resid_mid = HookPoint()
-            self.hook_mlp_out = HookPoint()
+        super().__init__(cfg, Attention(cfg), MLP(cfg) if cfg.mlp_width is not None else None)
 
     def _update(self, resid: Tensor, out: Tensor) -> Tensor:
         """Replace the rows being computed (the last ``Q``) by ``resid + out`` or ``out``."""

@@ -17,3 +17,13 @@ def require(condition: bool, message: str) -> None:
     """Raise :class:`RwinterpError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise RwinterpError(message)
+
+
+def from_dict_checked(cls: type, data: dict, what: str):
+    """``cls(**data)`` for a dataclass, refusing fields it does not have with a one-line error."""
+    from dataclasses import fields
+
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    require(not unknown, f"unknown {what} fields: {', '.join(unknown)}")
+    return cls(**data)

@@ -196,15 +196,18 @@ class WalkMLP(nn.Module):
 
 
 class WalkBlock(nn.Module):
-    def __init__(self, cfg: WalkTransformerConfig):
+    """One block's modules and its HookedTransformer hook points (resid_mid and mlp_out only with
+    an MLP). The forward pass lives in the model that owns the block."""
+
+    def __init__(self, cfg: Any, attn: nn.Module, mlp: Optional[nn.Module] = None):
         super().__init__()
         self.cfg = cfg
-        self.attn = WalkAttention(cfg)
+        self.attn = attn
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
         self.hook_resid_post = HookPoint()
-        if cfg.mlp_width is not None:
-            self.mlp = WalkMLP(cfg)
+        if mlp is not None:
+            self.mlp = mlp
             self.hook_resid_mid = HookPoint()
             self.hook_mlp_out = HookPoint()
 
@@ -226,7 +229,8 @@ class WalkTransformer(HookedRootModule):
         self.register_buffer("W_pos", W_pos, persistent=False)
         self.hook_embed = HookPoint()
         self.hook_pos_embed = HookPoint()
-        self.blocks = nn.ModuleList([WalkBlock(cfg)])
+        mlp = WalkMLP(cfg) if cfg.mlp_width is not None else None
+        self.blocks = nn.ModuleList([WalkBlock(cfg, WalkAttention(cfg), mlp)])
         self.register_buffer("W_init", torch.zeros(0, dtype=cfg.dtype))
         self.setup()
         self.reset_parameters()

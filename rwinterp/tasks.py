@@ -41,7 +41,7 @@ def register_task(cls: type["Task"]) -> type["Task"]:
 
 
 #: Modules of the library that register further task kinds (imported when such a task is rebuilt).
-TASK_MODULES = ("rwinterp.chains",)
+TASK_MODULES = ("rwinterp.chains", "rwinterp.qa")
 
 
 def task_from_dict(data: dict[str, Any]) -> "Task":

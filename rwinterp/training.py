@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rwinterp import losses
-from rwinterp.errors import RwinterpError, require
+from rwinterp.errors import RwinterpError, from_dict_checked, require
 from rwinterp.metrics import accuracy, parent_attention, transition_distance
 from rwinterp.model import WalkTransformer
 from rwinterp.tasks import Batch, Task
@@ -81,10 +81,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        require(not unknown, f"unknown training config fields: {', '.join(unknown)}")
-        return cls(**data)
+        return from_dict_checked(cls, data, "training config")
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from experiments.spec import (Claim, Computed, FigureSpec, Final, History, Panel, Record, Results, RunSpec,
+from experiments.spec import (Claim, Computed, FigureSpec, Final, History, Panel, Record, RunSpec,
                               accuracy_near, at_most, is_true, near)
 from rwinterp.qa import QAMajority, QAOrder, QATask
 

@@ -7,9 +7,8 @@ of the paper uses (circulant, stationary uniform start, Bayes accuracy max(p, 1-
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from experiments.spec import Claim, Computed, FigureSpec, Panel, Results, accuracy_near, at_most, binomial_tol, near
+from experiments.spec import Claim, Computed, FigureSpec, Panel, at_most, binomial_tol, near
 from rwinterp.tasks import CircleWalk, circle_transition
 
 K = 6
