@@ -2,11 +2,13 @@
 
 from experiments.specs._walk import failure_figure
 
-NOTE = ("Fails here because of round-off, not because the theorem is wrong: in float64 with exactly orthogonal "
-        "embeddings V's columns first differ by about 1e-16 after 3 steps (the gradient of V sums the same numbers "
-        "in a different order for each column), the difference grows about tenfold per step (panel e), and near "
-        "step 18 the model breaks the symmetry and learns the walk by attending to every 20th position. Tried: "
-        "sine embeddings (break at step 15), float32 (orthogonal: stays symmetric for 50 steps by round-off luck; "
-        "sine: breaks at step 8); see the fragility study. The same round-off leaves K = 6 (Fig 5) untouched.")
+NOTE = ("Holds because training keeps equal numbers equal: the value read-out and the positional gradient sum "
+        "along the innermost axis and gradient descent rounds its multiply and its subtract separately "
+        "(rwinterp.model.SymmetricReadout, rwinterp.training.GradientDescent), so V's columns get bit-identical "
+        "updates. With a plain matmul read-out and torch.optim.SGD's fused update, V's columns first differed by "
+        "about 1e-16 after 3 steps (edge columns of a SIMD block are rounded differently), the difference grew "
+        "about tenfold per step and near step 18 the model broke the symmetry and learned the walk by attending "
+        "to every 20th position. Sine embeddings still break it (step 15 in float64, 8 in float32): see the "
+        "fragility study.")
 
 SPEC = failure_figure("9", K=20, N=101, note=NOTE)
