@@ -154,7 +154,7 @@ SPEC = FigureSpec(
               "(within 0.02; lowest of 3 seeds)",
               Computed(lambda r: min(r[f"two-s{s}"].final["test_accuracy"] for s in SEEDS)), at_least(0.78),
               note="Not every seed: a run whose second layer spreads its attention over several positions "
-                   "early stays below (seed 2 at 0.74 after 200 steps, still at 0.74 after 300 in a trial run). "
+                   "early stays below (seed 2 at 0.74 after 200 steps). "
                    "A two-layer model can represent the rule; whether training finds it depends on the seed."),
         Claim("every two-layer standard transformer does too (lowest of 3 seeds)",
               Computed(lambda r: min(r[f"std2-s{s}"].final["test_accuracy"] for s in SEEDS)), at_least(0.78)),
