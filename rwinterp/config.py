@@ -47,17 +47,20 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 @dataclass
-class WalkTransformerConfig(TransformerLensConfig):
-    """The paper's one-layer model (PAPER.md section 2). Derived fields are filled in for you."""
+class LibraryConfig(TransformerLensConfig):
+    """Fields shared by the library's model configs (the paper's model and :mod:`rwinterp.deep`).
 
-    # Derived TransformerLens fields (re-declared with defaults; set in __post_init__).
+    TransformerLens's required fields are re-declared with defaults (the derived ones are set by
+    each subclass's ``__post_init__``); the rest are the paper's: K states, fixed positional
+    embeddings of dimension M, initialisation, token normalisation inside the attention, seed, dtype.
+    """
+
     d_model: int = -1
     d_head: int = -1
     n_layers: int = 1
     n_ctx: int = 97
     n_heads: int = 1
     d_vocab_out: int = -1
-    # The paper's own parameters.
     n_states: int = 6
     pos_dim: int = 1000
     pos_embedding: str = "orthogonal"
@@ -74,6 +77,11 @@ class WalkTransformerConfig(TransformerLensConfig):
     positional_embedding_type: str = "concatenated"
     default_prepend_bos: bool = False
     dtype: torch.dtype = torch.float64
+
+
+@dataclass
+class WalkTransformerConfig(LibraryConfig):
+    """The paper's one-layer model (PAPER.md section 2). Derived fields are filled in for you."""
 
     def __post_init__(self) -> None:
         self.dtype = resolve_dtype(self.dtype)

@@ -84,14 +84,12 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens.ActivationCache import ActivationCache
-from transformer_lens.config import TransformerLensConfig
-from transformer_lens.FactoredMatrix import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from rwinterp.config import WalkTransformerConfig, dtype_name, resolve_dtype
+from rwinterp.config import LibraryConfig, WalkTransformerConfig, dtype_name, resolve_dtype
 from rwinterp.errors import from_dict_checked, require
-from rwinterp.model import WalkBlock, WalkTransformer, positional_embeddings
+from rwinterp.model import CircuitViews, WalkBlock, WalkTransformer, positional_embeddings
 from rwinterp.runs import ModelKind, register_model_kind
 
 CHOICES = {
@@ -113,7 +111,7 @@ USER_FIELDS = ("n_states", "n_ctx", "n_layers", "n_heads", "pos_mode", "pos_embe
 
 
 @dataclass
-class DeepConfig(TransformerLensConfig):
+class DeepConfig(LibraryConfig):
     """Configuration of :class:`DeepTransformer`. The defaults are the paper's model.
 
     ``d_model`` is the residual width in ``added`` mode; in ``concat`` mode it is derived as
@@ -121,18 +119,8 @@ class DeepConfig(TransformerLensConfig):
     fixed readout (the paper's V is K x K) and to ``d_model // n_heads`` otherwise.
     """
 
-    # TransformerLens fields (re-declared with defaults; the derived ones are set in __post_init__).
-    d_model: int = -1
-    d_head: int = -1
-    n_layers: int = 1
-    n_ctx: int = 97
-    n_heads: int = 1
-    d_vocab_out: int = -1
-    # The model's options (see the module docstring).
-    n_states: int = 6
+    # The model's options beyond the shared ones of LibraryConfig (see the module docstring).
     pos_mode: str = "concat"
-    pos_embedding: str = "orthogonal"
-    pos_dim: int = 1000
     token_embedding: str = "onehot"
     d_token: Optional[int] = None
     key_query: str = "merged"
@@ -141,17 +129,6 @@ class DeepConfig(TransformerLensConfig):
     readout: str = "fixed"
     residual: bool = False
     attention: str = "query"
-    mlp_width: Optional[int] = None
-    init: str = "zero"
-    init_sigma: float = 0.01
-    normalize_tokens: bool = False
-    normalize_query: bool = True
-    seed: int = 0
-    device: Optional[str] = "cpu"
-    normalization_type: Optional[str] = None
-    positional_embedding_type: str = "concatenated"
-    default_prepend_bos: bool = False
-    dtype: torch.dtype = torch.float64
 
     def __post_init__(self) -> None:
         self.dtype = resolve_dtype(self.dtype)
@@ -351,7 +328,7 @@ class Block(WalkBlock):
 # ---------------------------------------------------------------------------------------- model
 
 
-class DeepTransformer(HookedRootModule):
+class DeepTransformer(CircuitViews, HookedRootModule):
     """See the module docstring. Build with ``DeepTransformer(DeepConfig(...))``."""
 
     run_kind = "deep"
@@ -451,13 +428,6 @@ class DeepTransformer(HookedRootModule):
         require(self.cfg.mlp_width is not None, "this model has no MLP")
         return torch.stack([block.mlp.W_out for block in self.blocks])
 
-    @property
-    def QK(self) -> FactoredMatrix:
-        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
-
-    @property
-    def OV(self) -> FactoredMatrix:
-        return FactoredMatrix(self.W_V, self.W_O)
 
     @property
     def V(self) -> Optional[Float[Tensor, "K K"]]:

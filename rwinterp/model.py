@@ -212,7 +212,21 @@ class WalkBlock(nn.Module):
             self.hook_mlp_out = HookPoint()
 
 
-class WalkTransformer(HookedRootModule):
+class CircuitViews:
+    """``QK = W_Q W_K^T`` and ``OV = W_V W_O`` per layer and head, as TransformerLens
+    :class:`FactoredMatrix` objects, for any model exposing the four weight views. For the paper's
+    model QK equals ``W^T`` on its domain (the query slot)."""
+
+    @property
+    def QK(self) -> FactoredMatrix:
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        return FactoredMatrix(self.W_V, self.W_O)
+
+
+class WalkTransformer(CircuitViews, HookedRootModule):
     """The paper's model. Build with ``WalkTransformer(WalkTransformerConfig(...))``."""
 
     def __init__(self, cfg: WalkTransformerConfig):
@@ -351,15 +365,6 @@ class WalkTransformer(HookedRootModule):
         W_out = self.A.new_zeros(self.cfg.d_mlp, self.cfg.d_model)
         W_out[:, : self.cfg.n_states] = self.A.T
         return W_out[None]
-
-    @property
-    def QK(self) -> FactoredMatrix:
-        """``W_Q W_K^T`` per layer and head: equals ``W^T`` on the model's domain (query slot)."""
-        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
-
-    @property
-    def OV(self) -> FactoredMatrix:
-        return FactoredMatrix(self.W_V, self.W_O)
 
     # ------------------------------------------------------------------ forward
     def to_tokens(self, tokens: Any) -> Int[Tensor, "batch pos"]:
