@@ -261,13 +261,10 @@ def _train(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, weight_decay=args.weight_decay, n_train=args.n_train,
         n_test=args.n_test, population=args.population, seed=args.seed, next_token=args.next_token,
     )
-    if args.population:
-        size = task.population_size()
-        from rwinterp.tasks import MAX_POPULATION
+    if args.population:  # refuse before building the model
+        from rwinterp.tasks import check_population_size
 
-        if size > MAX_POPULATION:
-            raise RwinterpError(f"population mode would enumerate {size} walks (limit {MAX_POPULATION}); "
-                                "use a smaller N or sampled walks")
+        check_population_size(task.population_size())
     from rwinterp.runs import save_run
     from rwinterp.training import TrainingDiverged, train
 

@@ -65,6 +65,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 
 from rwinterp.config import WalkTransformerConfig
 from rwinterp.errors import RwinterpError, require
+from rwinterp.runs import ModelKind, register_model_kind
 
 #: Largest d_model for which a Gaussian-initialised model keeps its full initial W (float entries).
 MAX_STORED_W = 1 << 22
@@ -229,6 +230,8 @@ class CircuitViews:
 class WalkTransformer(CircuitViews, HookedRootModule):
     """The paper's model. Build with ``WalkTransformer(WalkTransformerConfig(...))``."""
 
+    run_kind = "walk"
+
     def __init__(self, cfg: WalkTransformerConfig):
         super().__init__()
         if isinstance(cfg, dict):
@@ -241,6 +244,8 @@ class WalkTransformer(CircuitViews, HookedRootModule):
         W_pos[:, K:] = positional_embeddings(cfg.pos_embedding, N, M).to(cfg.dtype)
         self.register_buffer("W_E", W_E, persistent=False)
         self.register_buffer("W_pos", W_pos, persistent=False)
+        self.register_buffer("tok_sq", W_E.pow(2).sum(-1), persistent=False)
+        self.register_buffer("pos_sq", W_pos.pow(2).sum(-1), persistent=False)
         self.hook_embed = HookPoint()
         self.hook_pos_embed = HookPoint()
         mlp = WalkMLP(cfg) if cfg.mlp_width is not None else None
@@ -413,10 +418,8 @@ class WalkTransformer(CircuitViews, HookedRootModule):
         else:
             # x~_i . u = u_tok[x_i] + p_i . u_pos, without building [batch, pos, d_model].
             keys = (self.W_E @ u)[tokens] + BroadcastOverBatch.apply(self.W_pos @ u, tokens.shape[0])
-            if cfg.normalize_tokens:
-                tok_sq = self.W_E.pow(2).sum(-1)[tokens]
-                pos_sq = self.W_pos.pow(2).sum(-1)[None, :]
-                keys = keys / (tok_sq + pos_sq).sqrt()
+            if cfg.normalize_tokens:  # ||x~_i||^2 = ||embedding||^2 + ||p_i||^2 (disjoint coordinates)
+                keys = keys / (self.tok_sq[tokens] + self.pos_sq[None, :]).sqrt()
         z = block.attn(keys, tokens, token_part)  # [batch, 1, 1, d_head]
         head_out = z[:, :, 0, :]
         if not self._dense_outputs():
@@ -453,3 +456,6 @@ class WalkTransformer(CircuitViews, HookedRootModule):
         if isinstance(cache, ActivationCache):
             return out, cache
         return out, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+
+
+register_model_kind("walk", ModelKind(build=WalkTransformer, config_of=lambda model: model.cfg.to_dict()))

@@ -49,33 +49,18 @@ def register_model_kind(name: str, kind: ModelKind) -> None:
     _MODEL_KINDS[name] = kind
 
 
-def _walk_kind() -> ModelKind:
-    from rwinterp.config import WalkTransformerConfig
-    from rwinterp.model import WalkTransformer
-
-    return ModelKind(
-        build=lambda cfg: WalkTransformer(WalkTransformerConfig.from_dict(cfg)),
-        config_of=lambda model: model.cfg.to_dict(),
-    )
-
-
 def model_kind_of(model: nn.Module) -> str:
-    from rwinterp.model import WalkTransformer
-
-    if isinstance(model, WalkTransformer):
-        return "walk"
+    """The registered kind of a model: its class's ``run_kind``."""
     name = getattr(model, "run_kind", None)
     require(name in _MODEL_KINDS, f"no saved-run format is registered for {type(model).__name__}")
     return name
 
 
 #: Model kinds registered by a module of the library, imported when a run of that kind is loaded.
-_KIND_MODULES = {"deep": "rwinterp.deep"}
+_KIND_MODULES = {"walk": "rwinterp.model", "deep": "rwinterp.deep"}
 
 
 def _kind(name: str) -> ModelKind:
-    if name == "walk" and name not in _MODEL_KINDS:
-        register_model_kind("walk", _walk_kind())
     if name in _KIND_MODULES and name not in _MODEL_KINDS:
         import importlib
 

@@ -34,6 +34,12 @@ MAX_POPULATION = 1 << 20
 _TASKS: dict[str, type["Task"]] = {}
 
 
+def check_population_size(size: int) -> None:
+    """Refuse, with a one-line error, a population of more than :data:`MAX_POPULATION` samples."""
+    require(size <= MAX_POPULATION, f"population mode would enumerate {size} walks (limit {MAX_POPULATION}); "
+                                    "use a smaller N or sampled walks")
+
+
 def register_task(cls: type["Task"]) -> type["Task"]:
     """Class decorator: make a task constructible by :func:`task_from_dict` under ``cls.kind``."""
     _TASKS[cls.kind] = cls
@@ -248,12 +254,7 @@ class MarkovChain(Task):
         return sum(counts)
 
     def population(self) -> Batch:
-        size = self.population_size()
-        if size > MAX_POPULATION:
-            raise RwinterpError(
-                f"population mode would enumerate {size} walks (limit {MAX_POPULATION}); "
-                "use a smaller N or sampled walks"
-            )
+        check_population_size(self.population_size())
         starts = torch.nonzero(self._init > 0).flatten()
         states = starts[:, None]
         probs = self._init[starts]

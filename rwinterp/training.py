@@ -120,17 +120,6 @@ def make_data(task: Task, config: TrainConfig) -> tuple[Batch, Batch]:
     return task.sample(config.n_train, train_seed), task.sample(config.n_test, test_seed)
 
 
-@torch.no_grad()
-def evaluate(model: WalkTransformer, task: Task, batch: Batch) -> dict[str, float]:
-    """Accuracy and mean parent attention of ``model`` on ``batch`` (exact with weights)."""
-    store: dict[str, Any] = {}
-    scores = _logits_and_pattern(model, batch.tokens, store)[:, -1, :]
-    return {
-        "accuracy": accuracy(scores, batch.labels, batch.weights),
-        "parent_attention": parent_attention(store["pattern"], task.parent_positions(), batch.weights),
-    }
-
-
 def _logits_and_pattern(model: WalkTransformer, tokens: torch.Tensor, store: dict) -> torch.Tensor:
     """Logits; ``store["heads"][L]`` gets the query slot's attention ``[batch, heads, pos]`` of layer
     L and ``store["pattern"]`` that of the first head (the paper's model has only that one)."""

@@ -1,7 +1,5 @@
 """The paper's model: exact forward, TransformerLens compatibility, closed-form gradients."""
 
-import math
-
 import pytest
 import torch
 import transformer_lens.patching as tl_patching
@@ -181,4 +179,5 @@ def test_transformer_lens_patching_runs_unchanged(trained_paper_models):
     z = tl_patching.get_act_patch_attn_head_out_all_pos(model, corrupted.tokens, clean_cache, metric)
     assert pattern.shape == (1, 1) and z.shape == (1, 1)
     assert z.item() == pytest.approx(clean_value.item(), rel=1e-6)  # z is the whole output
-    assert math.isfinite(pattern.item())
+    # The pattern carries no walk-specific information: patching it leaves the corrupted output.
+    assert pattern.item() == pytest.approx(corrupt_value.item(), rel=1e-2, abs=1e-3)
