@@ -42,13 +42,11 @@ def reference_matmul() -> float:
 def reference_numpy_sweep(model, clean, corrupted) -> float:
     """Embeddings sweep of the paper's model in numpy: scores with one clean token swapped in."""
     K = model.cfg.n_states
-    u = model.u.detach().numpy()
     key_tok = np.append((model.W_E[:K] @ model.u).detach().numpy(), 0.0)  # query token: x = 0
     key_pos = (model.W_pos @ model.u).detach().numpy()
     V = model.V.detach().numpy()
     base, donor = corrupted.tokens.numpy(), clean.tokens.numpy()
     eye = np.eye(K + 1)[:, :K]
-    assert u.shape[0] == model.cfg.d_model
     start = time.perf_counter()
     for j in range(base.shape[1]):
         tok = base.copy()

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from probes.scorecard import HEADLINE, MEANING, Comparison, RunComparison, Scorecard, nest
+from probes.scorecard import HEADLINE, MEANING, Comparison, RunComparison, Scorecard, findings, nest
 from rwinterp.cli import _json_safe
 from rwinterp.atomic import atomic_directory as _atomic_directory
 
@@ -35,10 +35,10 @@ def _interval(card: Scorecard, key: str) -> tuple[float, float]:
     return card.intervals.get(key, (math.nan, math.nan))
 
 
-def _cell(card: Scorecard, key: str) -> str:
-    """A score with its interval, where it has one."""
+def _cell(card: Scorecard, flat: dict[str, float], key: str) -> str:
+    """A score (from ``flat = card.flat()``) with its interval, where it has one."""
     lo, hi = _interval(card, key)
-    value = card.flat().get(key, math.nan)
+    value = flat.get(key, math.nan)
     return _fmt(value) + (f" [{_fmt(lo)}, {_fmt(hi)}]" if math.isfinite(lo) else "")
 
 
@@ -54,7 +54,7 @@ def summary_json(card: Scorecard, comparison: Optional[Comparison] = None) -> di
     return out
 
 
-def _payload(card: Scorecard, source: str) -> dict[str, Any]:
+def _payload(card: Scorecard, flat: dict[str, float], source: str) -> dict[str, Any]:
     return {
         "source": source,
         "task": card.task,
@@ -62,9 +62,9 @@ def _payload(card: Scorecard, source: str) -> dict[str, Any]:
         "kind": card.kind,
         "n_walks": card.n_walks,
         "probe_config": card.config.to_dict(),
-        "scores": card.scores(),
+        "scores": nest(flat),
         "intervals": nest({k: list(v) for k, v in card.intervals.items()}),
-        "findings": card.findings(),
+        "findings": findings(flat, card.kind),
     }
 
 
@@ -107,10 +107,11 @@ def write_probe_report(out: Path, card: Scorecard, source: str, comparison: Opti
     from probes.plots import plot_bars
 
     def build(tmp: Path) -> None:
+        flat = card.flat()
         figures = _figures(card, tmp)
-        payload = _payload(card, source)
+        payload = _payload(card, flat, source)
         if comparison is not None:
-            rows = [(k, card.flat().get(k, math.nan), _interval(card, k), comparison.spreads[k].mean,
+            rows = [(k, flat.get(k, math.nan), _interval(card, k), comparison.spreads[k].mean,
                      (comparison.spreads[k].ci_low, comparison.spreads[k].ci_high))
                     for k in HEADLINE if k in comparison.spreads and k != "bayes_accuracy"]
             plot_bars(rows, ("trained", f"random init ({len(comparison.seeds)} seeds)"),
@@ -127,15 +128,14 @@ def write_probe_report(out: Path, card: Scorecard, source: str, comparison: Opti
             }
         (tmp / SCORES_FILE).write_text(json.dumps(_json_safe(payload), indent=1))
         lines = ["# Probe report", ""] + _header(card, source) + ["## What the probes find", ""]
-        lines += [f"- {s}" for s in card.findings()] + ["", "## Scores", ""]
-        lines += _score_table(card, comparison) + ["", "## Figures", ""] + _figure_markdown(figures)
+        lines += [f"- {s}" for s in payload["findings"]] + ["", "## Scores", ""]
+        lines += _score_table(card, flat, comparison) + ["", "## Figures", ""] + _figure_markdown(figures)
         (tmp / REPORT_FILE).write_text("\n".join(lines))
 
     return atomic_directory(out, build)
 
 
-def _score_table(card: Scorecard, comparison: Optional[Comparison]) -> list[str]:
-    flat = card.flat()
+def _score_table(card: Scorecard, flat: dict[str, float], comparison: Optional[Comparison]) -> list[str]:
     head = "| score | meaning | this run [interval] |"
     rule = "|---|---|---|"
     if comparison is not None:
@@ -145,7 +145,7 @@ def _score_table(card: Scorecard, comparison: Optional[Comparison]) -> list[str]
     for key in HEADLINE:
         if key not in flat:
             continue
-        row = f"| `{key}` | {MEANING[key]} | {_cell(card, key)} |"
+        row = f"| `{key}` | {MEANING[key]} | {_cell(card, flat, key)} |"
         if comparison is not None:
             s = comparison.spreads.get(key)
             row += (f" {_fmt(s.mean)} ± {_fmt(s.std)} [{_fmt(s.ci_low)}, {_fmt(s.ci_high)}] |" if s else " |")
@@ -166,18 +166,18 @@ def write_compare_report(out: Path, comparison: RunComparison, sources: tuple[st
         keys = [k for k in HEADLINE if k in fa and k in fb and k != "bayes_accuracy"]
         rows = [(k, fa[k], _interval(a, k), fb[k], _interval(b, k)) for k in keys]
         plot_bars(rows, (na, nb), tmp / "comparison.png", f"{na} against {nb}")
-        payload = {na: _payload(a, sources[0]), nb: _payload(b, sources[1]),
+        payload = {na: _payload(a, fa, sources[0]), nb: _payload(b, fb, sources[1]),
                    "difference": nest({k: fb[k] - fa[k] for k in fa if k in fb})}
         (tmp / SCORES_FILE).write_text(json.dumps(_json_safe(payload), indent=1))
         lines = ["# Comparison report", "", f"- {na}: `{sources[0]}`, task {a.task}, {a.model}",
                  f"- {nb}: `{sources[1]}`, task {b.task}, {b.model}", "", "## What the probes find", ""]
-        for name, card in ((na, a), (nb, b)):
-            lines += [f"**{name}**", ""] + [f"- {s}" for s in card.findings()] + [""]
+        for name in (na, nb):
+            lines += [f"**{name}**", ""] + [f"- {s}" for s in payload[name]["findings"]] + [""]
         lines += ["## Scores", "", f"| score | meaning | {na} [interval] | {nb} [interval] | {nb} - {na} |",
                   "|---|---|---|---|---|"]
         for key in HEADLINE:
             if key in fa and key in fb:
-                lines.append(f"| `{key}` | {MEANING[key]} | {_cell(a, key)} | {_cell(b, key)} | "
+                lines.append(f"| `{key}` | {MEANING[key]} | {_cell(a, fa, key)} | {_cell(b, fb, key)} | "
                              f"{_fmt(fb[key] - fa[key])} |")
         figures = [("comparison.png", f"{na} against {nb}",
                     "Each score of the two runs side by side, with intervals over test walks.")]

@@ -261,15 +261,14 @@ def random_like(model: Any, seed: int) -> Any:
     Rebuilt through the saved-run registry (:mod:`rwinterp.runs`) from the model's own config with
     ``seed`` replaced and a zero initialisation turned into the config's Gaussian one.
     """
-    from rwinterp.runs import _kind, model_kind_of
+    from rwinterp.runs import build_model, model_config, model_kind_of
 
-    kind = _kind(model_kind_of(model))
-    cfg = dict(kind.config_of(model))
+    cfg = model_config(model)
     require("seed" in cfg, f"the config of {type(model).__name__} has no seed to vary; pass baseline models")
     cfg["seed"] = int(seed)
     if cfg.get("init") == "zero":
         cfg["init"] = "gaussian"
-    fresh = kind.build(cfg)
+    fresh = build_model(model_kind_of(model), cfg)
     fresh.eval()
     return fresh
 

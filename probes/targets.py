@@ -67,10 +67,16 @@ def require_hooks(model: Any, names: Sequence[str], probe: str) -> None:
         require(name in have, f"the {probe} probe needs the hook {name!r}, which {type(model).__name__} lacks")
 
 
-def model_dims(model: Any) -> tuple[int, int]:
-    """``(n_layers, n_heads)`` from the model's TransformerLens config."""
+def model_config(model: Any) -> Any:
+    """The model's TransformerLens config (``model.cfg``), or a one-line error."""
     cfg = getattr(model, "cfg", None)
     require(cfg is not None, f"{type(model).__name__} has no TransformerLens config (cfg)")
+    return cfg
+
+
+def model_dims(model: Any) -> tuple[int, int]:
+    """``(n_layers, n_heads)`` from the model's TransformerLens config."""
+    cfg = model_config(model)
     return int(cfg.n_layers), int(cfg.n_heads)
 
 
@@ -85,8 +91,7 @@ def run_logits(model: Any, inputs: Int[Tensor, "batch pos"]) -> Float[Tensor, "b
 
 def detect_kind(model: Any, task: Task) -> str:
     """``"query"`` or ``"autoregressive"``, from the model's vocabulary and output shape."""
-    cfg = getattr(model, "cfg", None)
-    require(cfg is not None, f"{type(model).__name__} has no TransformerLens config (cfg)")
+    cfg = model_config(model)
     require(int(cfg.n_ctx) >= task.seq_len,
             f"the model reads at most {cfg.n_ctx} positions but the task's walks have N={task.seq_len}")
     if int(cfg.d_vocab) < task.d_vocab:
@@ -189,8 +194,7 @@ def targets_for(model: Any, task: Task, batch: Batch, kind: str | None = None) -
     model and the task agree (states K, walk length N, output size) and raises a one-line
     :class:`~rwinterp.errors.RwinterpError` where they do not."""
     require(kind is None or kind in KINDS, f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    cfg = getattr(model, "cfg", None)
-    require(cfg is not None, f"{type(model).__name__} has no TransformerLens config (cfg)")
+    cfg = model_config(model)
     K = task.n_states
     n_states = getattr(cfg, "n_states", None)
     require(n_states is None or int(n_states) == K,

@@ -24,8 +24,8 @@ For models with a residual stream (detected by zeroing every attention and MLP o
 non-zero logits), the direct path ``W_E W_U`` and the total ``direct + OV + biases`` (the bias terms
 ``(b_V W_O + b_O) W_U + b_U``, where the model has them) are compared too, and the total is the
 headline: it is what a prediction gets from a parent it attends to fully (apart from the position
-terms), and training splits the work between the two paths in no particular proportion (a standard
-one-layer model on walks carries most of Pi in its direct path). Each part is kept under ``ov.``,
+terms), and training splits the work between the two paths in no particular proportion, so neither
+path alone need match Pi. Each part is kept under ``ov.``,
 ``direct.`` and ``total.``. With several layers or heads, the OV circuit of the head that attends
 to the parents most is used; with MLP layers, C skips them, and the headline is the behaviour below.
 
@@ -43,6 +43,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from probes.attention import attention_probe
 from probes.config import ProbeConfig
 from probes.stats import point_weights
 from probes.targets import Targets, evaluating, hook_names, model_dims, run_logits, targets_for
@@ -229,8 +230,6 @@ def transition_probe(
             if n_layers * n_heads == 1:
                 head = (0, 0)
             else:
-                from probes.attention import attention_probe
-
                 head = attention_probe(model, task, data, replace(config, gradient_walks=0)).head
         K = task.n_states
         ov = ov_circuit(model, head, K)

@@ -69,6 +69,11 @@ def _kind(name: str) -> ModelKind:
     return _MODEL_KINDS[name]
 
 
+def model_config(model: nn.Module) -> dict[str, Any]:
+    """The config dict a run of ``model`` would save (rebuild it with :func:`build_model`)."""
+    return dict(_kind(model_kind_of(model)).config_of(model))
+
+
 def build_model(kind: str, config: dict[str, Any]) -> nn.Module:
     """A fresh model of a registered kind (``"walk"``, ``"deep"``, ...) from its config dict."""
     return _kind(kind).build(dict(config))
@@ -101,7 +106,7 @@ def save_run(
     config = {
         "format": FORMAT,
         "model_kind": kind,
-        "model": _kind(kind).config_of(model),
+        "model": model_config(model),
         "task": task.to_dict(),
         "train": train,
     }
