@@ -4,9 +4,9 @@ Layout
 ------
 * :mod:`experiments.spec`: the data types of a figure (FigureSpec, RunSpec, Record, Panel, Claim,
   Check) and the sources that read run results (History, Final, Snapshot, Computed).
-* :mod:`experiments.quantities`: what a run can record at chosen steps (V, u, A, attention,
-  attention_example, averaged_token, scores_example, test_scores, v_column_spread,
-  attention_spread, sqrt_distance, position_logits); add more with ``@quantity``.
+* :mod:`experiments.quantities`: what a run can record at chosen steps (V, attention,
+  averaged_token, v_column_spread, attention_spread, sqrt_distance, position_logits); add more
+  with ``@quantity``.
 * :mod:`experiments.runner`: discovers the specs, trains each distinct run once (shared between
   figures), draws, checks, writes ``figNN.png``, ``results.json``, ``runs.json``, ``REPRODUCTION.md``.
 * :mod:`experiments.plots`, :mod:`experiments.report`: drawing (seaborn) and the report.

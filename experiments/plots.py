@@ -42,7 +42,7 @@ def _line(ax: Any, panel: Panel, results: Results) -> str:
             x = np.arange(len(y))
         style = panel.options.get("style", "-")
         ax.plot(x, y, style, label=label, color=colour, lw=1.6, ms=3)
-    for i, (label, value) in enumerate(panel.ref.items()):
+    for label, value in panel.ref.items():
         ax.axhline(value, ls="--", color="0.35", lw=1, label=label)
     if panel.logx:
         ax.set_xscale("log")
@@ -114,8 +114,7 @@ def _bar(ax: Any, panel: Panel, results: Results) -> str:
         y = _array(value)
         labels = panel.options.get("xticklabels") or [str(i + 1) for i in range(len(y))]
     x = np.arange(len(y))
-    ax.bar(x, y, color=sns.color_palette("colorblind")[panel.options.get("colour", 0)],
-           yerr=None if panel.err is None else _array(_unstep(panel.err(results))[1]), capsize=2)
+    ax.bar(x, y, color=sns.color_palette("colorblind")[panel.options.get("colour", 0)])
     if len(y) <= 25:
         ax.set_xticks(x)
         ax.set_xticklabels(labels, rotation=panel.options.get("rotation", 0), fontsize=7)

@@ -27,28 +27,10 @@ def value_matrix(view: StepView) -> np.ndarray:
     return _np(view.model.V)
 
 
-@quantity("u")
-def key_query_vector(view: StepView) -> np.ndarray:
-    """``u = W x~_N``: all of W that the model uses."""
-    return _np(view.model.u)
-
-
-@quantity("A")
-def output_matrix(view: StepView) -> np.ndarray:
-    """The FC+ReLU variant's output matrix A (K x m)."""
-    return _np(view.model.A)
-
-
 @quantity("attention")
 def mean_attention(view: StepView) -> np.ndarray:
     """Mean attention of the query slot on each of the N positions over the test walks."""
     return _np(view.pattern.mean(0))
-
-
-@quantity("attention_example")
-def example_attention(view: StepView) -> np.ndarray:
-    """The attention pattern of the first test walk."""
-    return _np(view.pattern[0])
 
 
 def averaged_tokens(view: StepView) -> torch.Tensor:
@@ -63,18 +45,6 @@ def averaged_token(view: StepView) -> dict[str, Any]:
     """The averaged token of the first test walk, and the mean and per-coordinate variance over walks."""
     avg = averaged_tokens(view).to(torch.float64)
     return {"example": _np(avg[0]), "mean": _np(avg.mean(0)), "var": _np(avg.var(0, unbiased=False))}
-
-
-@quantity("scores_example")
-def example_scores(view: StepView) -> np.ndarray:
-    """The raw scores f of the first test walk."""
-    return _np(view.scores[0])
-
-
-@quantity("test_scores")
-def test_scores(view: StepView) -> np.ndarray:
-    """The raw scores f of every test walk ``[B, K]``."""
-    return _np(view.scores)
 
 
 @quantity("v_column_spread")

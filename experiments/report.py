@@ -13,8 +13,6 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from experiments.plots import file_name
-
 
 def _fmt(x: Any) -> str:
     if x is None:
@@ -87,5 +85,3 @@ def write(rep: Any, out: Path) -> None:
         indent=1) + "\n")
     (out / "REPRODUCTION.md").write_text(markdown(rep))
 
-
-__all__ = ["markdown", "write", "file_name"]

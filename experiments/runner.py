@@ -110,7 +110,6 @@ def plan(figures: list[FigureSpec], reduced: bool = False) -> tuple[list[Planned
 def build(run: RunSpec) -> tuple[Any, Any, Any]:
     """(model, task, train config) of a run spec. The model dict's optional ``"kind"`` names a
     registered model kind (:func:`rwinterp.runs.build_model`; default ``"walk"``, the paper's model)."""
-    import rwinterp.qa  # noqa: F401  (registers the QA tasks)
     from rwinterp.runs import build_model
     from rwinterp.tasks import task_from_dict
     from rwinterp.training import TrainConfig

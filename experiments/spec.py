@@ -61,15 +61,12 @@ class StepView:
         if self._forward is None:
             import torch
 
+            from rwinterp.training import logits_and_pattern
+
             store: dict[str, Any] = {}
-
-            def grab(p: Any, hook: Any) -> None:
-                store["p"] = p[:, 0, 0, :].detach()
-
             with torch.no_grad():
-                scores = self.model.run_with_hooks(self.test.tokens,
-                                                   fwd_hooks=[("blocks.0.attn.hook_pattern", grab)])[:, 0, :]
-            self._forward = (scores.detach(), store["p"])
+                scores = logits_and_pattern(self.model, self.test.tokens, store)[:, -1, :]
+            self._forward = (scores.detach(), store["pattern"])
         return self._forward
 
     @property
@@ -86,15 +83,13 @@ class StepView:
 class Record:
     """What to keep of a run beyond its history.
 
-    ``quantities`` are names in :data:`QUANTITIES` (``V``, ``u``, ``A``, ``attention``,
-    ``averaged_token``, ``kl``, ...). They are taken at every step in ``at`` (``None``: every step),
-    and always at the last step. ``keep_model`` keeps the trained model in memory for
-    :class:`Computed` sources (probes); it is always kept, the flag documents intent.
+    ``quantities`` are names in :data:`QUANTITIES` (``V``, ``attention``, ``averaged_token``,
+    ``v_column_spread``, ...). They are taken at every step in ``at`` (``None``: every step),
+    and always at the last step. The trained model is always kept for :class:`Computed` sources.
     """
 
     quantities: tuple[str, ...] = ("V", "attention")
     at: Optional[tuple[int, ...]] = ()
-    keep_model: bool = True
 
     def __post_init__(self) -> None:
         self.quantities = tuple(self.quantities)
@@ -103,7 +98,7 @@ class Record:
     def merged(self, other: "Record") -> "Record":
         at = None if self.at is None or other.at is None else tuple(sorted(set(self.at) | set(other.at)))
         qs = tuple(dict.fromkeys(self.quantities + other.quantities))
-        return Record(qs, at, self.keep_model or other.keep_model)
+        return Record(qs, at)
 
     def wants(self, step: int, last: int) -> bool:
         return step == last or self.at is None or step in self.at
@@ -276,7 +271,7 @@ class Panel:
       * ``line``: ``series`` maps a legend label to a source giving (x, y) or a 1-D y;
         ``ref`` draws horizontal reference lines {label: value}; ``logx``/``logy``.
       * ``heatmap``: ``data`` gives a 2-D array (or (step, array) from :class:`Snapshot`).
-      * ``bar``: ``data`` gives a 1-D array, or a dict label -> value; ``err`` optional 1-D source.
+      * ``bar``: ``data`` gives a 1-D array, or a dict label -> value.
       * ``text``: ``data`` gives a string.
       * ``custom``: ``draw(ax, results)`` does the drawing.
     """
@@ -285,7 +280,6 @@ class Panel:
     title: str = ""
     series: dict[str, Source] = field(default_factory=dict)
     data: Optional[Source] = None
-    err: Optional[Source] = None
     draw: Optional[Callable[[Any, Results], None]] = None
     xlabel: str = ""
     ylabel: str = ""

@@ -37,21 +37,21 @@ Every task keeps the token layout of :mod:`rwinterp.tasks`: ``tokens = [s_1 .. s
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from rwinterp.errors import require
+from rwinterp.errors import RwinterpError, require
 from rwinterp.tasks import (
     MAX_POPULATION,
     Batch,
+    CircleWalk,
     MarkovChain,
     Task,
     _inverse_cdf,
-    circle_transition,
     register_task,
 )
 
@@ -119,17 +119,22 @@ def random_regular_adjacency(K: int, degree: int, seed: int, tries: int = 1000) 
             A[a, b] = 1.0
             A[b, a] = 1.0
             return A
-    require(False, f"no simple {degree}-regular graph on {K} nodes found in {tries} draws; lower the degree")
-    raise AssertionError  # unreachable
+    raise RwinterpError(f"no simple {degree}-regular graph on {K} nodes found in {tries} draws; lower the degree")
 
 
-def _initial_param(chain: MarkovChain) -> Optional[list]:
-    """The ``initial`` constructor argument of a chain, JSON-serialisable (``None`` = uniform)."""
-    return None if chain._uniform_start else chain.initial_distribution().tolist()
+class _NamedChain(MarkovChain):
+    """A first-order chain built from a few named parameters: :meth:`params` gives them
+    (``param_names``, stored as attributes), then ``N`` and ``initial`` (``None`` = uniform)."""
+
+    param_names: ClassVar[tuple[str, ...]]
+
+    def params(self) -> dict[str, Any]:
+        return {**{name: getattr(self, name) for name in self.param_names}, "N": self.seq_len,
+                "initial": None if self._uniform_start else self._init.tolist()}
 
 
 @register_task
-class LazyWalk(MarkovChain):
+class LazyWalk(_NamedChain):
     """The circle walk (+1 w.p. p, -1 w.p. 1-p) that stays put with probability ``stay``.
 
     ``Pi = stay I + (1 - stay) Pi_circle``; with ``stay = 0`` it is the paper's walk. A lazy walk
@@ -137,49 +142,38 @@ class LazyWalk(MarkovChain):
     """
 
     kind = "lazy"
+    param_names = ("K", "p", "stay")
 
     def __init__(self, K: int, p: float, stay: float, N: int, initial: Any = None):
-        require(isinstance(K, int) and K >= 3, f"K must be an integer >= 3, got {K}")
-        require(isinstance(p, (int, float)) and 0.0 <= float(p) <= 1.0, f"p must lie in [0, 1], got {p}")
-        self.K, self.p, self.stay = K, float(p), float(stay)
-        super().__init__(lazy_transition(circle_transition(K, self.p), stay), N, initial)
-
-    def params(self) -> dict[str, Any]:
-        return {"K": self.K, "p": self.p, "stay": self.stay, "N": self.seq_len,
-                "initial": _initial_param(self)}
+        circle = CircleWalk(K, p, N)  # checks K, p and N
+        self.K, self.p, self.stay = K, circle.p, float(stay)
+        super().__init__(lazy_transition(circle.transition_matrix(), stay), N, initial)
 
 
 @register_task
-class TorusWalk(MarkovChain):
+class TorusWalk(_NamedChain):
     """The simple random walk on a ``rows x cols`` torus (K = rows * cols states), optionally lazy."""
 
     kind = "torus"
+    param_names = ("rows", "cols", "stay")
 
     def __init__(self, rows: int, cols: int, N: int, stay: float = 0.0, initial: Any = None):
         self.rows, self.cols, self.stay = rows, cols, float(stay)
         super().__init__(graph_walk_transition(torus_adjacency(rows, cols), stay), N, initial)
 
-    def params(self) -> dict[str, Any]:
-        return {"rows": self.rows, "cols": self.cols, "N": self.seq_len, "stay": self.stay,
-                "initial": _initial_param(self)}
-
 
 @register_task
-class RegularGraphWalk(MarkovChain):
+class RegularGraphWalk(_NamedChain):
     """The simple random walk on a random ``degree``-regular graph on K nodes (``graph_seed``)."""
 
     kind = "regular"
+    param_names = ("K", "degree", "graph_seed", "stay")
 
     def __init__(self, K: int, degree: int, N: int, graph_seed: int = 0, stay: float = 0.0,
                  initial: Any = None):
         self.K, self.degree, self.graph_seed, self.stay = K, degree, int(graph_seed), float(stay)
         self.adjacency = random_regular_adjacency(K, degree, self.graph_seed)
         super().__init__(graph_walk_transition(self.adjacency, stay), N, initial)
-
-    def params(self) -> dict[str, Any]:
-        return {"K": self.K, "degree": self.degree, "N": self.seq_len, "graph_seed": self.graph_seed,
-                "stay": self.stay,
-                "initial": _initial_param(self)}
 
 
 # ------------------------------------------------------------------------------ k-th order

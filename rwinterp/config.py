@@ -18,7 +18,7 @@ m (appendix F.2)       ``mlp_width``       ``d_mlp = m``; ``attn_only`` when ``N
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from transformer_lens.config import TransformerLensConfig
@@ -78,10 +78,27 @@ class LibraryConfig(TransformerLensConfig):
     default_prepend_bos: bool = False
     dtype: torch.dtype = torch.float64
 
+    #: The fields a user sets; the rest are derived in ``__post_init__`` and not saved.
+    user_fields: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable: only the fields a user sets (derived ones are recomputed)."""
+        out = {k: getattr(self, k) for k in self.user_fields}
+        out["dtype"] = dtype_name(self.dtype)
+        return out
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any]) -> "LibraryConfig":
+        return from_dict_checked(cls, config_dict, "model config")
+
 
 @dataclass
 class WalkTransformerConfig(LibraryConfig):
     """The paper's one-layer model (PAPER.md section 2). Derived fields are filled in for you."""
+
+    user_fields: ClassVar[tuple[str, ...]] = (
+        "n_states", "n_ctx", "pos_dim", "pos_embedding", "init", "init_sigma", "normalize_tokens",
+        "normalize_query", "mlp_width", "seed", "dtype")
 
     def __post_init__(self) -> None:
         self.dtype = resolve_dtype(self.dtype)
@@ -110,14 +127,3 @@ class WalkTransformerConfig(LibraryConfig):
         self.n_heads = 1
         super().__post_init__()
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable: only the fields a user sets (derived ones are recomputed)."""
-        keep = ("n_states", "n_ctx", "pos_dim", "pos_embedding", "init", "init_sigma",
-                "normalize_tokens", "normalize_query", "mlp_width", "seed", "dtype")
-        out = {k: getattr(self, k) for k in keep}
-        out["dtype"] = dtype_name(self.dtype)
-        return out
-
-    @classmethod
-    def from_dict(cls, config_dict: dict[str, Any]) -> "WalkTransformerConfig":
-        return from_dict_checked(cls, config_dict, "model config")

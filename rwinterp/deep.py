@@ -77,19 +77,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
-from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
-from transformer_lens.HookedRootModule import HookedRootModule
 
 from rwinterp.config import LibraryConfig, WalkTransformerConfig, dtype_name, resolve_dtype
-from rwinterp.errors import from_dict_checked, require
-from rwinterp.model import CircuitViews, WalkBlock, WalkTransformer, positional_embeddings
+from rwinterp.errors import require
+from rwinterp.model import HookedWalkModel, WalkBlock, WalkTransformer, positional_embeddings
 from rwinterp.runs import ModelKind, register_model_kind
 
 CHOICES = {
@@ -118,6 +116,8 @@ class DeepConfig(LibraryConfig):
     ``d_token + pos_dim`` (``d_token = K`` for one-hot tokens). ``d_head`` defaults to K with the
     fixed readout (the paper's V is K x K) and to ``d_model // n_heads`` otherwise.
     """
+
+    user_fields: ClassVar[tuple[str, ...]] = USER_FIELDS
 
     # The model's options beyond the shared ones of LibraryConfig (see the module docstring).
     pos_mode: str = "concat"
@@ -210,16 +210,8 @@ class DeepConfig(LibraryConfig):
 
     @classmethod
     def standard(cls, n_states: int, n_ctx: int, d_model: int, **overrides: Any) -> "DeepConfig":
-        """A standard small transformer: learned embeddings, added learned positions, factored QK
-        scaled by ``1/sqrt(d_head)``, residual stream, causal attention, learned readout, GPT-2 init."""
-        options: dict[str, Any] = dict(
-            pos_mode="added", pos_embedding="learned", token_embedding="learned", key_query="factored",
-            values="all", readout="learned", residual=True, attention="causal", init="standard")
-        options.update(overrides)
-        if "attn_scale" not in options:
-            heads = options.get("n_heads", 1)
-            options["attn_scale"] = math.sqrt(options.get("d_head") or max(1, d_model // heads))
-        return cls(n_states=n_states, n_ctx=n_ctx, d_model=d_model, **options)
+        """A standard small transformer (see :func:`standard_options`)."""
+        return cls(n_states=n_states, n_ctx=n_ctx, **standard_options(d_model, **overrides))
 
     def describe(self) -> str:
         """One line naming every option."""
@@ -232,15 +224,19 @@ class DeepConfig(LibraryConfig):
                 f"residual {'on' if self.residual else 'off'}, {self.attention} attention{mlp}, init {init}"
                 f"{', normalised tokens' if self.normalize_tokens else ''}, {dtype_name(self.dtype)}")
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable: only the fields a user sets."""
-        out = {k: getattr(self, k) for k in USER_FIELDS}
-        out["dtype"] = dtype_name(self.dtype)
-        return out
 
-    @classmethod
-    def from_dict(cls, config_dict: dict[str, Any]) -> "DeepConfig":
-        return from_dict_checked(cls, config_dict, "model config")
+def standard_options(d_model: int, **overrides: Any) -> dict[str, Any]:
+    """The :class:`DeepConfig` fields of a standard small transformer, K and N aside: learned
+    embeddings, added learned positions, factored QK scaled by ``1/sqrt(d_head)``, residual stream,
+    causal attention, learned readout, GPT-2 init; ``overrides`` change single options."""
+    options: dict[str, Any] = dict(
+        pos_mode="added", pos_embedding="learned", token_embedding="learned", key_query="factored",
+        values="all", readout="learned", residual=True, attention="causal", init="standard", d_model=d_model)
+    options.update(overrides)
+    if "attn_scale" not in options:
+        heads = options.get("n_heads", 1)
+        options["attn_scale"] = math.sqrt(options.get("d_head") or max(1, options["d_model"] // heads))
+    return options
 
 
 # ---------------------------------------------------------------------------------------- layers
@@ -328,7 +324,7 @@ class Block(WalkBlock):
 # ---------------------------------------------------------------------------------------- model
 
 
-class DeepTransformer(CircuitViews, HookedRootModule):
+class DeepTransformer(HookedWalkModel):
     """See the module docstring. Build with ``DeepTransformer(DeepConfig(...))``."""
 
     run_kind = "deep"
@@ -428,7 +424,6 @@ class DeepTransformer(CircuitViews, HookedRootModule):
         require(self.cfg.mlp_width is not None, "this model has no MLP")
         return torch.stack([block.mlp.W_out for block in self.blocks])
 
-
     @property
     def V(self) -> Optional[Float[Tensor, "K K"]]:
         """The single head's token-to-score map ``(W_E[:K] W_V W_O W_U)^T`` (the paper's V when
@@ -465,12 +460,6 @@ class DeepTransformer(CircuitViews, HookedRootModule):
         return torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"][:, :, -1, :]
                             for layer in range(self.cfg.n_layers)], dim=1)
 
-    def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
-        """As in TransformerLens, returning an :class:`ActivationCache`."""
-        out, cache = super().run_with_cache(*args, **kwargs)
-        if isinstance(cache, ActivationCache):
-            return out, cache
-        return out, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 
 
 # ---------------------------------------------------------------------------------------- the paper
@@ -480,7 +469,7 @@ def paper_config(walk_cfg: WalkTransformerConfig) -> DeepConfig:
     """The :class:`DeepConfig` equivalent to a :class:`rwinterp.config.WalkTransformerConfig`."""
     return DeepConfig.paper(
         walk_cfg.n_states, walk_cfg.n_ctx, walk_cfg.pos_dim, pos_embedding=walk_cfg.pos_embedding,
-        normalize_tokens=walk_cfg.normalize_tokens, normalize_query=getattr(walk_cfg, "normalize_query", True),
+        normalize_tokens=walk_cfg.normalize_tokens, normalize_query=walk_cfg.normalize_query,
         mlp_width=walk_cfg.mlp_width, init=walk_cfg.init,
         init_sigma=walk_cfg.init_sigma, seed=walk_cfg.seed, dtype=walk_cfg.dtype)
 

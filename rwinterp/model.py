@@ -213,10 +213,18 @@ class WalkBlock(nn.Module):
             self.hook_mlp_out = HookPoint()
 
 
-class CircuitViews:
-    """``QK = W_Q W_K^T`` and ``OV = W_V W_O`` per layer and head, as TransformerLens
-    :class:`FactoredMatrix` objects, for any model exposing the four weight views. For the paper's
-    model QK equals ``W^T`` on its domain (the query slot)."""
+class HookedWalkModel(HookedRootModule):
+    """What the library's hooked models share beyond :class:`HookedRootModule`: ``run_with_cache``
+    returning an :class:`ActivationCache`, and ``QK = W_Q W_K^T`` and ``OV = W_V W_O`` per layer and
+    head as TransformerLens :class:`FactoredMatrix` objects (from the subclass's weight views; for
+    the paper's model QK equals ``W^T`` on its domain, the query slot)."""
+
+    def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
+        """As in TransformerLens, returning an :class:`ActivationCache`."""
+        out, cache = super().run_with_cache(*args, **kwargs)
+        if isinstance(cache, ActivationCache):
+            return out, cache
+        return out, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 
     @property
     def QK(self) -> FactoredMatrix:
@@ -227,7 +235,7 @@ class CircuitViews:
         return FactoredMatrix(self.W_V, self.W_O)
 
 
-class WalkTransformer(CircuitViews, HookedRootModule):
+class WalkTransformer(HookedWalkModel):
     """The paper's model. Build with ``WalkTransformer(WalkTransformerConfig(...))``."""
 
     run_kind = "walk"
@@ -450,12 +458,6 @@ class WalkTransformer(CircuitViews, HookedRootModule):
         self.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_pattern", grab)])
         return store["pattern"][:, 0, 0, :]
 
-    def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
-        """As in TransformerLens, returning an :class:`ActivationCache`."""
-        out, cache = super().run_with_cache(*args, **kwargs)
-        if isinstance(cache, ActivationCache):
-            return out, cache
-        return out, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 
 
 register_model_kind("walk", ModelKind(build=WalkTransformer, config_of=lambda model: model.cfg.to_dict()))

@@ -13,11 +13,10 @@ Learned token embedding ``W_E`` and learned absolute positional embedding ``W_po
 ``n_layers`` residual blocks of causal multi-head attention (``d_head = d_model // n_heads``,
 scores scaled by ``1/sqrt(d_head)``, biases ``b_Q b_K b_V b_O``), optionally a GELU MLP per
 block, and a linear unembedding ``W_U``. **No normalization** (``normalization_type=None``; the
-``ln1`` / ``ln_final`` slots are identities). On the random-walk task (K=5, p=0.8, length 16,
-1 layer, d_model 16, 200 full-batch AdamW steps at lr 2e-2) it trains exactly as well as with
-``"LN"`` (same loss curve and Bayes accuracy 0.798, measured over 3 seeds), and without
-normalization the residual stream is linear in the embeddings, so circuits such as
-``W_E @ W_V @ W_O @ W_U`` read off the logits without LayerNorm folding. The unembedding bias
+``ln1`` / ``ln_final`` slots are identities). Without normalization the residual stream is
+linear in the embeddings, so circuits such as ``W_E @ W_V @ W_O @ W_U`` read off the logits
+without LayerNorm folding; on a random walk (K=5, p=0.8, length 16, d_model 16, 200 full-batch
+AdamW steps at lr 2e-2) the 1-layer model still reaches the Bayes accuracy (tests/test_standard.py). The unembedding bias
 ``b_U`` is a zero, non-trainable buffer that the bridge adds (the native head has no bias); it is
 in the state dict. Weights use the ``"gpt2"`` init, N(0, (0.8/sqrt(d_model))^2) (output
 projections scaled by ``1/sqrt(2 n_layers)``), drawn from a private generator seeded by
@@ -62,8 +61,8 @@ Quirks (each checked by running code against transformer-lens 4.3.0):
 * ``TransformerLensConfig.__post_init__`` defaults ``device`` to ``"cuda"`` when CUDA is
   available, whatever the model's real device (read in the source); the config is built with an
   explicit device here. ``TransformerBridge.to(dev)`` updates ``model.cfg.device``.
-* On a loaded 2-core CPU, PyTorch's second intra-op thread made these tiny models ~6-100x
-  slower (e.g. 300 training steps 70 s vs 9 s); ``torch.set_num_threads(1)`` helps there.
+* These models are tiny: on a CPU shared with other work, PyTorch's extra intra-op threads can
+  make them much slower than one thread; ``torch.set_num_threads(1)`` helps there.
 
 What works on the bridge: ``model.run_with_cache(tokens)`` returns ``(logits, cache)`` with
 ``cache`` a ``transformer_lens.ActivationCache`` holding the hooks above;
@@ -71,7 +70,7 @@ What works on the bridge: ``model.run_with_cache(tokens)`` returns ``(logits, ca
 ``hook_pattern``, ``hook_v``, ``hook_z`` all change the logits);
 ``transformer_lens.patching.get_act_patch_resid_pre(model, corrupted_tokens, clean_cache,
 metric)`` works and returns ``[n_layers, pos]``, provided the model is in eval mode (it raises
-``ValueError`` otherwise). The weight properties ``model.W_E``, ``model.W_pos``,
+``RwinterpError`` otherwise). The weight properties ``model.W_E``, ``model.W_pos``,
 ``model.W_Q/W_K/W_V/W_O`` (stacked over layers), ``model.blocks[L].attn.W_Q`` etc. and
 ``model.W_U`` exist and follow the TransformerLens conventions (``q = resid @ W_Q[L, h] +
 b_Q[L, h]``, ``attn_out = sum_h z[:, :, h] @ W_O[L, h] + b_O[L]``, ``logits = resid @ W_U +
@@ -90,6 +89,8 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
+
+from rwinterp.errors import RwinterpError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from transformer_lens import ActivationCache
@@ -141,7 +142,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
     for name, value in _DTYPES.items():
         if value == dtype:
             return name
-    raise ValueError(f"unsupported dtype {dtype}; use one of {sorted(_DTYPES)}")
+    raise RwinterpError(f"unsupported dtype {dtype}; use one of {sorted(_DTYPES)}")
 
 
 def _boot(
@@ -203,7 +204,7 @@ def build_standard_model(
         ``Float[Tensor, "batch pos d_vocab"]``.
 
     Raises:
-        ValueError: on non-positive sizes or ``d_model`` not divisible by ``n_heads``.
+        RwinterpError: on non-positive sizes or ``d_model`` not divisible by ``n_heads``.
     """
     for name, value in (
         ("d_vocab", d_vocab),
@@ -213,11 +214,11 @@ def build_standard_model(
         ("n_heads", n_heads),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            raise RwinterpError(f"{name} must be a positive integer, got {value!r}")
     if d_model % n_heads != 0:
-        raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        raise RwinterpError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
     if d_mlp is not None and (isinstance(d_mlp, bool) or not isinstance(d_mlp, int) or d_mlp < 1):
-        raise ValueError(f"d_mlp must be a positive integer or None, got {d_mlp!r}")
+        raise RwinterpError(f"d_mlp must be a positive integer or None, got {d_mlp!r}")
     _dtype_name(dtype)
     arch: dict[str, Any] = {
         "d_vocab": d_vocab,
@@ -244,19 +245,19 @@ def _model_device(model: torch.nn.Module) -> torch.device:
 
 def _check_tokens(model: TransformerBridge, tokens: Tensor, min_pos: int = 1) -> None:
     if not isinstance(tokens, Tensor) or tokens.dim() != 2:
-        raise ValueError("tokens must be an integer tensor of shape [batch, pos]")
+        raise RwinterpError("tokens must be an integer tensor of shape [batch, pos]")
     if tokens.dtype.is_floating_point or tokens.dtype == torch.bool or tokens.is_complex():
-        raise ValueError(f"tokens must be integer, got dtype {tokens.dtype}")
+        raise RwinterpError(f"tokens must be integer, got dtype {tokens.dtype}")
     batch, pos = tokens.shape
     if batch < 1 or pos < min_pos:
-        raise ValueError(
+        raise RwinterpError(
             f"tokens need at least 1 row and {min_pos} positions, got {tuple(tokens.shape)}"
         )
     if pos > model.cfg.n_ctx:
-        raise ValueError(f"sequence length {pos} exceeds n_ctx={model.cfg.n_ctx}")
+        raise RwinterpError(f"sequence length {pos} exceeds n_ctx={model.cfg.n_ctx}")
     lo, hi = int(tokens.min()), int(tokens.max())
     if lo < 0 or hi >= model.cfg.d_vocab:
-        raise ValueError(f"token ids must lie in [0, {model.cfg.d_vocab}), got range [{lo}, {hi}]")
+        raise RwinterpError(f"token ids must lie in [0, {model.cfg.d_vocab}), got range [{lo}, {hi}]")
 
 
 def train_standard_model(
@@ -291,22 +292,22 @@ def train_standard_model(
         ``steps`` floats, the training loss of each step (before its update).
 
     Raises:
-        ValueError: on malformed tokens or arguments, or if the loss becomes non-finite.
+        RwinterpError: on malformed tokens or arguments, or if the loss becomes non-finite.
     """
     from tqdm.auto import tqdm
 
     _check_tokens(model, tokens, min_pos=2)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
+        raise RwinterpError(f"steps must be a non-negative integer, got {steps!r}")
     if not (lr > 0 and math.isfinite(lr)):
-        raise ValueError(f"lr must be positive and finite, got {lr!r}")
+        raise RwinterpError(f"lr must be positive and finite, got {lr!r}")
     if not (weight_decay >= 0 and math.isfinite(weight_decay)):
-        raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
+        raise RwinterpError(f"weight_decay must be non-negative, got {weight_decay!r}")
     n = tokens.shape[0]
     if batch_size is not None and (
         isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
     ):
-        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        raise RwinterpError(f"batch_size must be a positive integer or None, got {batch_size!r}")
     full_batch = batch_size is None or batch_size >= n
 
     device = _model_device(model)
@@ -337,7 +338,7 @@ def train_standard_model(
             )
             value = float(loss.detach())
             if not math.isfinite(value):
-                raise ValueError(f"training loss became non-finite ({value}) at step {step}")
+                raise RwinterpError(f"training loss became non-finite ({value}) at step {step}")
             losses.append(value)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -357,7 +358,7 @@ def _arch_from_model(model: TransformerBridge) -> dict[str, Any]:
         elif isinstance(value, int):
             arch[field] = int(value)
         else:
-            raise ValueError(f"config field {field}={value!r} cannot be saved as JSON")
+            raise RwinterpError(f"config field {field}={value!r} cannot be saved as JSON")
     return arch
 
 
@@ -405,32 +406,32 @@ def load_standard_model(
         The bridge, in eval mode.
 
     Raises:
-        ValueError: if the files are missing, of another format, or do not match each other.
+        RwinterpError: if the files are missing, of another format, or do not match each other.
     """
     from safetensors.torch import load_file
 
     path = Path(directory)
     config_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
     if not config_path.is_file() or not weights_path.is_file():
-        raise ValueError(f"{path} does not hold {CONFIG_FILE} and {WEIGHTS_FILE}")
+        raise RwinterpError(f"{path} does not hold {CONFIG_FILE} and {WEIGHTS_FILE}")
     try:
         config = json.loads(config_path.read_text())
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{config_path} is not valid JSON: {exc}") from exc
+        raise RwinterpError(f"{config_path} is not valid JSON: {exc}") from exc
     if not isinstance(config, dict) or config.get("format") != _FORMAT:
-        raise ValueError(f"{config_path} is not a {_FORMAT} config")
+        raise RwinterpError(f"{config_path} is not a {_FORMAT} config")
     arch = config.get("architecture")
     if not isinstance(arch, dict) or set(arch) != set(_ARCH_FIELDS):
-        raise ValueError(f"{config_path} has a malformed 'architecture' entry")
+        raise RwinterpError(f"{config_path} has a malformed 'architecture' entry")
     dtype = _DTYPES.get(config.get("dtype", ""))
     if dtype is None:
-        raise ValueError(f"{config_path} has an unknown dtype {config.get('dtype')!r}")
+        raise RwinterpError(f"{config_path} has an unknown dtype {config.get('dtype')!r}")
     model = _boot(arch, dtype, device)
     state = load_file(str(weights_path), device=str(device))
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
-        raise ValueError(f"{weights_path} does not match {config_path}: {exc}") from exc
+        raise RwinterpError(f"{weights_path} does not match {config_path}: {exc}") from exc
     model.eval()
     return model
 

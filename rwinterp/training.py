@@ -120,8 +120,8 @@ def make_data(task: Task, config: TrainConfig) -> tuple[Batch, Batch]:
     return task.sample(config.n_train, train_seed), task.sample(config.n_test, test_seed)
 
 
-def _logits_and_pattern(model: WalkTransformer, tokens: torch.Tensor, store: dict) -> torch.Tensor:
-    """Logits; ``store["heads"][L]`` gets the query slot's attention ``[batch, heads, pos]`` of layer
+def logits_and_pattern(model: WalkTransformer, tokens: torch.Tensor, store: dict) -> torch.Tensor:
+    """Logits of ``tokens``; ``store["heads"][L]`` gets the query slot's attention ``[batch, heads, pos]`` of layer
     L and ``store["pattern"]`` that of the first head (the paper's model has only that one)."""
     heads: list[torch.Tensor] = []
     store["heads"] = heads
@@ -243,7 +243,7 @@ def train(
     last_good = {k: v.detach().clone() for k, v in model.state_dict().items()}
     for step in bar:
         store: dict[str, Any] = {}
-        logits = _logits_and_pattern(model, train_data.tokens, store)
+        logits = logits_and_pattern(model, train_data.tokens, store)
         scores = logits[:, -1, :]
         loss = objective(config, logits, train_data)
         loss_value = float(loss.detach())
@@ -254,7 +254,7 @@ def train(
                      else f"at step {step}; the model keeps the state after step {step - 1}")
             raise TrainingDiverged(f"the loss became {loss_value} {where}", result)
         with torch.no_grad():
-            test_scores = scores if test_data is train_data else _logits_and_pattern(
+            test_scores = scores if test_data is train_data else logits_and_pattern(
                 model, test_data.tokens, store)[:, -1, :]
         record = {
             "step": step,

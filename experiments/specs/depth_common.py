@@ -13,12 +13,11 @@ from typing import Any, Optional
 import numpy as np
 
 from experiments.spec import Record, Results, RunSpec
+from rwinterp.deep import standard_options
 
-#: ``DeepConfig.standard(K, N, 32)`` as explicit fields: learned tokens and added learned positions,
+#: ``DeepConfig.standard(K, N, 32)`` as model fields: learned tokens and added learned positions,
 #: factored QK scaled by 1/sqrt(d_head), residual stream, causal attention, learned readout, GPT-2 init.
-STANDARD = {"pos_mode": "added", "pos_embedding": "learned", "token_embedding": "learned", "key_query": "factored",
-            "values": "all", "readout": "learned", "residual": True, "attention": "causal", "init": "standard",
-            "d_model": 32, "attn_scale": math.sqrt(32)}
+STANDARD = standard_options(32)
 #: How the standard model is trained: AdamW, cross-entropy on next-state prediction at every position.
 STANDARD_TRAIN = {"optimizer": "adamw", "lr": 0.01, "loss": "xent", "next_token": True, "steps": 80}
 

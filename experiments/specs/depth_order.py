@@ -30,7 +30,8 @@ import numpy as np
 
 from experiments.spec import (Claim, Computed, FigureSpec, Final, Panel, Results, accuracy_near, at_least,
                               at_most, binomial_tol)
-from experiments.specs.depth_common import STANDARD, deep_run, parent_rows, query_attention, score_table
+from experiments.specs.depth_common import deep_run, parent_rows, query_attention, score_table
+from rwinterp.deep import standard_options
 from rwinterp.tasks import task_from_dict
 
 PERSISTENT = {"kind": "persistent", "K": 5, "q": 0.8, "N": 8}
@@ -38,7 +39,7 @@ RANDOM = {"kind": "random-order", "K": 4, "order": 2, "N": 8, "concentration": 0
 PAPER_STYLE = {"pos_dim": 16, "init": "gaussian", "init_sigma": 0.1, "normalize_tokens": True}
 QUERY_TRAIN = {"optimizer": "adamw", "lr": 0.05, "loss": "xent", "steps": 200}
 NEXT_TRAIN = {"optimizer": "adamw", "lr": 0.02, "loss": "xent", "steps": 200, "next_token": True}
-STANDARD16 = {**STANDARD, "d_model": 16, "attn_scale": 4.0}
+STANDARD16 = standard_options(16)
 SEEDS = (0, 1, 2)
 POP = {**QUERY_TRAIN, "population": True}
 

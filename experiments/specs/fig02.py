@@ -39,12 +39,11 @@ def stationarity_error(p: float) -> float:
 
 def bayes_on_samples(p: float, reduced: bool) -> float:
     """Accuracy of the Bayes predictor Pi^T x_{N-1} (ties to the smallest label) on sampled walks."""
-    from rwinterp.model import predict
+    from rwinterp.metrics import accuracy
 
     task = CircleWalk(K, p, 97)
     batch = task.sample(2000 if reduced else N_WALKS, seed=2)
-    scores = task.conditional(batch.tokens)
-    return float((predict(scores) == batch.labels).double().mean())
+    return accuracy(task.conditional(batch.tokens), batch.labels)
 
 
 def claims() -> list[Claim]:

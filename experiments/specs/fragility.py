@@ -6,7 +6,8 @@ exact arithmetic nothing seeds it; in floating point round-off can: sine embeddi
 products of order 1e-13 instead of 0. Training keeps exactly equal quantities exactly equal (the
 value read-out and the positional gradient sum along the innermost axis, and gradient descent
 rounds its multiply and subtract separately), so exactly orthogonal embeddings leave nothing to
-seed it; a matmul read-out with ``torch.optim.SGD``'s fused update did, for K = 5, 7 and 20.
+seed it (a matmul read-out or ``torch.optim.SGD``'s fused update would: they round the edge columns
+of a SIMD block differently).
 This study trains the deterministic walk (N = rK + 1) for several K with
 both embeddings in both precisions, records how far V is from the symmetric state at every step,
 the step at which accuracy jumps, and what the model has learned afterwards.
@@ -109,10 +110,8 @@ CLAIMS = [
     Claim("exactly orthogonal float64 embeddings keep the symmetry for every (K, N) tested (runs that break)",
           Computed(lambda r: sum(not math.isnan(break_step(r, name(K, "orthogonal", "float64")))
                                  for K, _ in SHAPES)), at_most(0),
-          note=("Holds because equal quantities get bit-identical updates (see the module docstring). With "
-                "a matmul read-out and torch.optim.SGD's fused multiply-add update, K = 20, 5 and 7 broke: V's "
-                "columns first differed by about 1e-16 after 1 to 3 steps and the walk was learned after 17 "
-                "to 20 steps.")),
+          note=("Holds because equal quantities get bit-identical updates (see the module docstring and "
+                "rwinterp.model.SymmetricReadout, rwinterp.training.GradientDescent).")),
     Claim("float32 breaks the symmetry no later than float64 with sine embeddings, for every K (finding)",
           Computed(lambda r: all(np.nan_to_num(break_step(r, name(K, "sine", "float32")), nan=1e9)
                                  <= np.nan_to_num(break_step(r, name(K, "sine", "float64")), nan=1e9)
@@ -129,9 +128,9 @@ SPEC = FigureSpec(
     id="fragility",
     title="numerical fragility of the p = 1 failure (K, embeddings, precision)",
     caption=("The symmetric state of Theorem 4.1 is an unstable equilibrium: the round-off of sine embeddings "
-             "seeds an asymmetry in V's columns that grows by about ten per step until the model breaks the "
+             "seeds an asymmetry in V's columns that grows step by step (panels b, c) until the model breaks the "
              "symmetry and learns the walk (accuracy 1) by attending to every K-th position. Exactly orthogonal "
-             "embeddings stay exactly symmetric for every K and precision tested."),
+             "float64 embeddings stay exactly symmetric for every K tested."),
     runs=RUNS,
     panels=[
         Panel("text", "(a) when the symmetry breaks", data=Computed(break_table)),

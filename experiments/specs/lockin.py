@@ -2,7 +2,7 @@
 
 PAPER.md section 5: "with K = 20 and only 1000 training walks, the large step-2 attention update
 can lock onto a wrong position; more training walks (tens of thousands) fix it". This study trains
-K = 20, N = 101, p = 0.7 (where it happens; at p = 1/2 no seed tried locked wrongly) from zero
+K = 20, N = 101, p = 0.7 from zero
 initialisation for six data seeds with 1000, 30000 and 100000 training walks. The outcome is decided
 within the first four steps, so 6 steps suffice. It also records the positional attention logits
 after step 2: those of the parent (N-1) and of position N-3 are nearly equal, so sampling noise in the
@@ -68,7 +68,7 @@ CLAIMS = [
           note=("PAPER.md section 5 says more walks fix it. More walks help but 30000 do not always suffice: the "
                 "step-2 logits of the parent and of position N-3 differ by well under 1% in expectation (next "
                 "claim), so the sample must be large enough for the gradient noise to be smaller still (see the "
-                "100000-walk claim). At p = 1/2 no seed of 6 locked wrongly even with 1000 walks (separate check).")),
+                "100000-walk claim).")),
     Claim("with 100000 walks no seed locks onto a wrong position",
           Computed(lambda r: locked(r, 100000)), at_most(0)),
     Claim("after step 2 the parent's positional logit leads that of position N-3 by under 1% (mean over seeds, "
@@ -80,7 +80,7 @@ SPEC = FigureSpec(
     id="lockin",
     title="K = 20, p = 0.7: lock-in on a wrong position with 1000, 30000 and 100000 training walks",
     caption=("(a) Final attention on the parent for each data seed: near 0 means the attention locked onto another "
-             "position (N-3 or N-5) in the first steps. (b) Relative lead of the parent's positional attention "
+             "position in the first steps. (b) Relative lead of the parent's positional attention "
              "logit over position N-3 after step 2: tiny and of either sign, so the sample decides. (c) Test "
              "accuracy: a locked model is stuck well below max(p, 1-p) = 0.7."),
     runs=RUNS,

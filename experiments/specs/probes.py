@@ -9,6 +9,7 @@ imported inside the measurements: if they fail, the claims say so and the rest o
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -22,16 +23,8 @@ SCORES = ("accuracy", "parent_attention", "attention.uniformity", "patching.pare
           "patching.necessity", "transition.cosine", "transition.ones_cosine")
 
 
-def _renamed(run: Any, name: str) -> Any:
-    import copy
-
-    out = copy.deepcopy(run)
-    out.name = name
-    return out
-
-
-RUNS = [_renamed(fig04.SPEC.runs[0], "walk_p05"), _renamed(fig05.SPEC.runs[0], "walk_p1"),
-        _renamed(next(r for r in fig07.SPEC.runs if r.name == "task1"), "qa_task1")]
+RUNS = [replace(fig04.SPEC.runs[0], name="walk_p05"), replace(fig05.SPEC.runs[0], name="walk_p1"),
+        replace(next(r for r in fig07.SPEC.runs if r.name == "task1"), name="qa_task1")]
 LABELS = {"walk_p05": "walk p = 1/2 (Fig 4)", "walk_p1": "walk p = 1 (Fig 5)", "qa_task1": "QA task 1 (Fig 7)"}
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from experiments.spec import (Claim, Computed, FigureSpec, Panel, Record, Results, at_least, at_most, near,
-                              walk_run)
+from experiments.spec import (Claim, Computed, FigureSpec, Panel, Record, Results, at_least, at_most,
+                              binomial_tol, near, walk_run)
 from rwinterp.metrics import transition_distance
 from rwinterp.tasks import circle_transition
 
@@ -56,8 +56,7 @@ def worst_z(results: Results) -> float:
         for p in PS:
             r = results[grid_name(K, p)]
             bayes = max(p, 1 - p)
-            se = np.sqrt(bayes * (1 - bayes) / len(r.test))
-            worst = max(worst, abs(r.final["test_accuracy"] - bayes) / se)
+            worst = max(worst, abs(r.final["test_accuracy"] - bayes) / binomial_tol(bayes, len(r.test), 1.0))
     return worst
 
 
