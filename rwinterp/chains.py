@@ -36,7 +36,6 @@ Every task keeps the token layout of :mod:`rwinterp.tasks`: ``tokens = [s_1 .. s
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar
 
 import numpy as np
@@ -52,6 +51,11 @@ from rwinterp.tasks import (
     MarkovChain,
     Task,
     _inverse_cdf,
+    check_distribution,
+    check_population_size,
+    check_stochastic,
+    count_walks,
+    enumerate_walks,
     register_task,
 )
 
@@ -198,10 +202,7 @@ class HigherOrderChain(Task):
         require(K >= 2, "a Markov chain needs at least 2 states")
         require(all(s == K for s in T.shape), f"every axis of the transition tensor must have length K = {K}, "
                 f"got shape {list(T.shape)}")
-        require(bool(torch.isfinite(T).all()) and bool((T >= 0).all()),
-                "transition probabilities must be finite and non-negative")
-        require(bool(torch.allclose(T.sum(-1), torch.ones((), dtype=T.dtype), atol=1e-9)),
-                "every row of the transition tensor (its last axis) must sum to 1")
+        check_stochastic(T, "transition tensor (its last axis)")
         require(isinstance(N, int) and N >= k + 2,
                 f"a chain of order {k} needs N >= {k + 2} (k parents, then the label, then the query slot), got {N}")
         if initial is None:
@@ -210,8 +211,7 @@ class HigherOrderChain(Task):
             init = torch.as_tensor(initial, dtype=torch.float64)
             require(tuple(init.shape) == (K,) * k,
                     f"the initial distribution of the first {k} states must have shape {[K] * k}")
-            require(bool(torch.isfinite(init).all()) and bool((init >= 0).all()) and abs(float(init.sum()) - 1) < 1e-9,
-                    "the initial distribution must be non-negative and sum to 1")
+            check_distribution(init)
         self._T, self._init, self._N, self._uniform_start = T, init, N, initial is None
 
     # -- the Task interface
@@ -270,34 +270,15 @@ class HigherOrderChain(Task):
         for t in range(k, self._N):
             rows = self._T[tuple(states[:, t - k + j] for j in range(k))]
             states[:, t] = _inverse_cdf(rows, uniforms[:, t - k + 1])
-        return self._batch_from_states(states)
-
-    _batch_from_states = MarkovChain._batch_from_states
+        return self.batch_from_states(states)
 
     def population_size(self) -> int:
-        """Number of walks of non-zero probability (counted on k-tuples, float64 saturating at inf)."""
-        counts = (self._init > 0).to(torch.float64)
-        support = (self._T > 0).to(torch.float64)
-        for _ in range(self._N - self.order):
-            counts = (counts[..., None] * support).sum(0)
-        total = float(counts.sum())
-        return int(total) if math.isfinite(total) and total < 2**62 else 2**62
+        """Number of walks of non-zero probability."""
+        return count_walks(self._init, self._T, self._N)
 
     def population(self) -> Batch:
-        size = self.population_size()
-        require(size <= MAX_POPULATION,
-                f"population mode would enumerate {size} walks (limit {MAX_POPULATION}); "
-                "use a smaller N or sampled walks")
-        k = self.order
-        starts = torch.nonzero(self._init > 0)  # [tuples, k]
-        states = starts
-        probs = self._init[tuple(starts.T)]
-        for _ in range(self._N - k):
-            rows = self._T[tuple(states[:, -k:].T)]  # [paths, K]
-            path_idx, nxt = torch.nonzero(rows > 0, as_tuple=True)
-            probs = probs[path_idx] * rows[path_idx, nxt]
-            states = torch.cat([states[path_idx], nxt[:, None]], dim=1)
-        return self._batch_from_states(states, probs)
+        check_population_size(self.population_size())
+        return self.batch_from_states(*enumerate_walks(self._init, self._T, self._N))
 
 
 def persistent_transition(K: int, q: float) -> Float[Tensor, "K K K"]:

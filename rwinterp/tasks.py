@@ -18,6 +18,7 @@ A sample of a walk ``s_1 .. s_N`` is ``tokens = [s_1, ..., s_{N-1}, K]`` with la
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -141,6 +142,12 @@ class Task(ABC):
     def parent_positions(self) -> tuple[int, ...]:
         """Positions (0-indexed into ``tokens``) whose tokens determine the label."""
 
+    def batch_from_states(self, states: Int[Tensor, "batch N"], weights: Tensor | None = None) -> Batch:
+        """Samples from whole sequences ``s_1 .. s_N``: the last one becomes the label, its slot the query."""
+        tokens = states.clone()
+        tokens[:, -1] = self.query_token
+        return Batch(tokens, states[:, -1].clone(), weights, states)
+
     @abstractmethod
     def params(self) -> dict[str, Any]:
         """The constructor arguments, JSON-serialisable."""
@@ -161,6 +168,45 @@ def _check_length(seq_len: int) -> None:
     require(isinstance(seq_len, int) and seq_len >= 2, f"N must be an integer >= 2, got {seq_len}")
 
 
+def check_stochastic(transition: Tensor, what: str) -> None:
+    """Entries finite and non-negative, every row (last axis) summing to one."""
+    require(bool(torch.isfinite(transition).all()) and bool((transition >= 0).all()),
+            "transition probabilities must be finite and non-negative")
+    require(bool(torch.allclose(transition.sum(-1), torch.ones((), dtype=transition.dtype), atol=1e-9)),
+            f"every row of the {what} must sum to 1")
+
+
+def check_distribution(initial: Tensor) -> None:
+    require(bool(torch.isfinite(initial).all()) and bool((initial >= 0).all())
+            and abs(float(initial.sum()) - 1) < 1e-9,
+            "the initial distribution must be non-negative and sum to 1")
+
+
+def count_walks(initial: Tensor, transition: Tensor, N: int) -> int:
+    """Walks of length N with non-zero probability, for a chain of order k = ``transition.ndim - 1``
+    (``initial``: the first k states' joint distribution). Exact below 2^53, saturating at 2^62."""
+    k = transition.ndim - 1
+    counts = (initial > 0).to(torch.float64)
+    support = (transition > 0).to(torch.float64)
+    for _ in range(N - k):
+        counts = (counts[..., None] * support).sum(0)
+    total = float(counts.sum())
+    return int(total) if math.isfinite(total) and total < 2**62 else 2**62
+
+
+def enumerate_walks(initial: Tensor, transition: Tensor, N: int) -> tuple[Int[Tensor, "walks N"], Tensor]:
+    """Every walk of length N with non-zero probability, and its probability (order k as above)."""
+    k = transition.ndim - 1
+    states = torch.nonzero(initial > 0)  # [tuples, k]
+    probs = initial[tuple(states.T)]
+    for _ in range(N - k):
+        rows = transition[tuple(states[:, -k:].T)]  # [walks, K]
+        walk, nxt = torch.nonzero(rows > 0, as_tuple=True)
+        probs = probs[walk] * rows[walk, nxt]
+        states = torch.cat([states[walk], nxt[:, None]], dim=1)
+    return states, probs
+
+
 @register_task
 class MarkovChain(Task):
     """Walks of a first-order Markov chain with transition matrix ``Pi`` (row = current state).
@@ -176,18 +222,14 @@ class MarkovChain(Task):
         pi = torch.as_tensor(transition, dtype=torch.float64)
         require(pi.ndim == 2 and pi.shape[0] == pi.shape[1], "the transition matrix must be square")
         require(pi.shape[0] >= 2, "a Markov chain needs at least 2 states")
-        require(bool(torch.isfinite(pi).all()) and bool((pi >= 0).all()),
-                "transition probabilities must be finite and non-negative")
-        require(bool(torch.allclose(pi.sum(1), torch.ones(pi.shape[0], dtype=pi.dtype), atol=1e-9)),
-                "every row of the transition matrix must sum to 1")
+        check_stochastic(pi, "transition matrix")
         K = pi.shape[0]
         if initial is None:
             init = torch.full((K,), 1.0 / K, dtype=torch.float64)
         else:
             init = torch.as_tensor(initial, dtype=torch.float64)
             require(init.shape == (K,), f"the initial distribution must have {K} entries")
-            require(bool((init >= 0).all()) and abs(float(init.sum()) - 1) < 1e-9,
-                    "the initial distribution must be non-negative and sum to 1")
+            check_distribution(init)
         self._pi = pi
         self._init = init
         self._N = N
@@ -237,34 +279,15 @@ class MarkovChain(Task):
         cdf = self._pi
         for t in range(1, self._N):
             states[:, t] = _inverse_cdf(cdf[states[:, t - 1]], uniforms[:, t])
-        return self._batch_from_states(states)
-
-    def _batch_from_states(self, states: Int[Tensor, "batch N"], weights: Tensor | None = None) -> Batch:
-        tokens = states.clone()
-        tokens[:, -1] = self.query_token
-        return Batch(tokens, states[:, -1].clone(), weights, states)
+        return self.batch_from_states(states)
 
     def population_size(self) -> int:
-        """Number of walks of non-zero probability (exact integer arithmetic)."""
-        support = (self._pi > 0).to(torch.long).tolist()
-        counts = [int(x > 0) for x in self._init.tolist()]
-        for _ in range(self._N - 1):
-            counts = [sum(counts[i] * support[i][j] for i in range(len(counts)))
-                      for j in range(len(counts))]
-        return sum(counts)
+        """Number of walks of non-zero probability."""
+        return count_walks(self._init, self._pi, self._N)
 
     def population(self) -> Batch:
         check_population_size(self.population_size())
-        starts = torch.nonzero(self._init > 0).flatten()
-        states = starts[:, None]
-        probs = self._init[starts]
-        for _ in range(self._N - 1):
-            last = states[:, -1]
-            nxt = self._pi[last]  # [paths, K]
-            path_idx, next_state = torch.nonzero(nxt > 0, as_tuple=True)
-            probs = probs[path_idx] * nxt[path_idx, next_state]
-            states = torch.cat([states[path_idx], next_state[:, None]], dim=1)
-        return self._batch_from_states(states, probs)
+        return self.batch_from_states(*enumerate_walks(self._init, self._pi, self._N))
 
 
 def _inverse_cdf(probs: Float[Tensor, "n K"], u: Float[Tensor, " n"]) -> Int[Tensor, " n"]:
@@ -315,4 +338,4 @@ class CircleWalk(MarkovChain):
         start = (uniforms[:, :1] * self.K).floor().clamp(max=self.K - 1).to(torch.long)
         steps = torch.where(uniforms[:, 1:] < self.p, 1, -1)
         states = torch.cat([start, start + steps.cumsum(dim=1)], dim=1) % self.K
-        return self._batch_from_states(states)
+        return self.batch_from_states(states)
