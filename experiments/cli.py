@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Callable
 
 from rwinterp.cli import command
@@ -16,6 +17,9 @@ def _reproduce_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Na
     parser.add_argument("--reduced", action="store_true",
                         help="small sizes and few steps (a smoke test; claims are not expected to hold)")
     parser.add_argument("--list", action="store_true", help="list the known figures and exit")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="runs trained at once, in worker processes (default: the number of CPUs, "
+                             "at most 8); the numbers do not depend on it")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return _reproduce
 
@@ -30,8 +34,10 @@ def _reproduce(args: argparse.Namespace) -> int:
         return 0
     require(bool(args.figures), "name at least one figure, or 'all' (see --list)")
     require(bool(args.out), "--out DIR is required")
+    jobs = args.jobs if args.jobs is not None else min(os.cpu_count() or 1, 8)
+    require(jobs >= 1, f"--jobs must be at least 1, got {jobs}")
     rep = reproduce(args.figures, args.out, reduced=args.reduced,
-                    progress=False if args.no_progress else None)
+                    progress=False if args.no_progress else None, jobs=jobs)
     claims = rep.claims
     held = sum(c.holds for c in claims)
     for c in claims:

@@ -9,6 +9,7 @@ why and what was tried.
 from __future__ import annotations
 
 import json
+import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,9 @@ def markdown(rep: Any) -> str:
         "",
         f"{held} of {len(claims)} claims hold"
         + (" (REDUCED MODE: small sizes, claims not expected to hold)" if rep.reduced else "") + ".",
-        f"Total time {rep.seconds:.1f} s on {platform.machine()} "
-        + (f"(load average at start: {rep.load[0]:.2f} over 1 min, {rep.load[1]:.2f} over 5 min)."
+        f"Total time {rep.seconds:.1f} s on {platform.machine()} with {os.cpu_count()} CPUs, "
+        f"{rep.jobs} training process{'es' if rep.jobs > 1 else ''}"
+        + (f" (load average at start: {rep.load[0]:.2f} over 1 min, {rep.load[1]:.2f} over 5 min)."
            if rep.load else "."),
         "Regenerate with `rwinterp reproduce all --out DIR`; the same seeds give the same numbers.",
         "",
@@ -81,7 +83,7 @@ def markdown(rep: Any) -> str:
 def write(rep: Any, out: Path) -> None:
     (out / "results.json").write_text(json.dumps([c.to_dict() for c in rep.claims], indent=1) + "\n")
     (out / "runs.json").write_text(json.dumps(
-        {"reduced": rep.reduced, "seconds": rep.seconds, "load_average": rep.load, "runs": rep.runs},
+        {"reduced": rep.reduced, "seconds": rep.seconds, "jobs": rep.jobs, "load_average": rep.load, "runs": rep.runs},
         indent=1) + "\n")
     (out / "REPRODUCTION.md").write_text(markdown(rep))
 

@@ -157,18 +157,48 @@ def _snapshot(step: int, model: Any, task: Any, test: Any, names: tuple[str, ...
         out[name][step] = QUANTITIES[name](view)
 
 
-def execute(runs: list[PlannedRun], progress: Optional[bool] = None) -> dict[str, RunResult]:
-    """Train every planned run under one progress bar counting gradient steps."""
+def execute(runs: list[PlannedRun], progress: Optional[bool] = None, jobs: int = 1,
+            threads: int = 1) -> dict[str, RunResult]:
+    """Train every planned run under one progress bar counting gradient steps.
+
+    ``jobs`` > 1 trains that many runs at once in worker processes, each with ``threads`` torch
+    threads (the bar then advances by whole runs). Every run is seeded by its spec alone, so the
+    results are the same whichever process trains it.
+    """
     from tqdm.auto import tqdm
 
+    require(isinstance(jobs, int) and jobs >= 1, f"jobs must be a positive integer, got {jobs!r}")
     total = sum(r.spec.steps() + 1 for r in runs)
     out: dict[str, RunResult] = {}
     with tqdm(total=total, desc="reproduce", unit="step",
               disable=(None if progress is None else not progress)) as bar:
-        for r in runs:
-            bar.set_postfix_str(f"{r.users[0][0]}:{r.spec.name}")
-            out[r.key] = execute_run(r.spec, bar.update)
-    return out
+        if jobs == 1 or len(runs) <= 1:
+            for r in runs:
+                bar.set_postfix_str(f"{r.users[0][0]}:{r.spec.name}")
+                out[r.key] = execute_run(r.spec, bar.update)
+            return out
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_init_worker,
+                                 initargs=(threads,)) as pool:
+            # Longest first (steps x walks), so that no long run starts last.
+            order = sorted(runs, key=lambda r: -r.spec.steps() * int(r.spec.train.get("n_train", 1000)))
+            futures = {pool.submit(execute_run, r.spec): r for r in order}
+            for future in as_completed(futures):
+                r = futures[future]
+                out[r.key] = future.result()
+                bar.set_postfix_str(f"{r.users[0][0]}:{r.spec.name}")
+                bar.update(r.spec.steps() + 1)
+    return {r.key: out[r.key] for r in runs}
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    discover()  # imports every spec module, registering the quantities they define
+    torch.set_num_threads(threads)
 
 
 # --------------------------------------------------------------------------------------- claims
@@ -229,6 +259,7 @@ class Report:
     seconds: float
     reduced: bool
     load: Optional[tuple[float, float]] = None
+    jobs: int = 1
 
     @property
     def claims(self) -> list[ClaimResult]:
@@ -245,11 +276,13 @@ def figure_results(fig: FigureSpec, names: dict[tuple[str, str], str], trained: 
 
 
 def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
-              progress: Optional[bool] = None, write: bool = True, threads: int = 1) -> Report:
+              progress: Optional[bool] = None, write: bool = True, threads: int = 1, jobs: int = 1) -> Report:
     """Run the named figures and write their PNGs, ``results.json``, ``runs.json`` and ``REPRODUCTION.md``.
 
-    ``threads``: torch CPU threads while training. The runs are tiny tensor programs; one thread is
-    fastest, and on a busy machine several threads are many times slower (they wait for each other).
+    ``threads``: torch CPU threads per training process. The runs are tiny tensor programs; one
+    thread is fastest, and on a busy machine several threads are many times slower (they wait for
+    each other). ``jobs``: runs trained at once, in worker processes (see :func:`execute`); the
+    numbers do not depend on it.
     """
     import torch
 
@@ -262,7 +295,7 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        trained = execute(runs, progress)
+        trained = execute(runs, progress, jobs=jobs, threads=threads)
     finally:
         torch.set_num_threads(previous)
     out = Path(out)
@@ -279,7 +312,7 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
             image, errors = plots.render(fig, results, tmp)
             outcomes.append(FigureOutcome(fig, claims, image, errors, time.perf_counter() - t0))
         run_rows = [_run_row(r, trained[r.key]) for r in runs]
-        rep = Report(outcomes, run_rows, time.perf_counter() - start, reduced, load_before)
+        rep = Report(outcomes, run_rows, time.perf_counter() - start, reduced, load_before, jobs)
         if write:
             report.write(rep, tmp)
             _move_into(tmp, out)

@@ -240,7 +240,8 @@ def train(
     start = time.perf_counter()
     bar = tqdm(range(config.steps + 1), desc="train", disable=(None if progress is None else not progress),
                leave=False)
-    last_good = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    # Only the parameters change during training: buffers (such as a stored W_init) need no copy.
+    last_good = [p.detach().clone() for p in model.parameters()]
     for step in bar:
         store: dict[str, Any] = {}
         logits = logits_and_pattern(model, train_data.tokens, store)
@@ -248,7 +249,9 @@ def train(
         loss = objective(config, logits, train_data)
         loss_value = float(loss.detach())
         if not math.isfinite(loss_value):
-            model.load_state_dict(last_good)
+            with torch.no_grad():
+                for p, good in zip(model.parameters(), last_good):
+                    p.copy_(good)
             result.train_seconds = time.perf_counter() - start
             where = ("at initialisation" if step == 0
                      else f"at step {step}; the model keeps the state after step {step - 1}")
@@ -274,7 +277,7 @@ def train(
         bar.set_postfix(loss=f"{loss_value:.4f}", acc=f"{record['test_accuracy']:.3f}")
         if step == config.steps:
             break
-        last_good = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        last_good = [p.detach().clone() for p in model.parameters()]
         optimizer.zero_grad(set_to_none=True)
         if not full_batch:
             idx = torch.randint(len(train_data), (config.batch_size,), generator=gen)

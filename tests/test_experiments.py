@@ -119,3 +119,53 @@ def test_unknown_figures_and_quantities_are_one_line_errors(tmp_path, capsys):
     assert main(["reproduce", "nope", "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     assert capsys.readouterr().err.startswith("rwinterp: error: unknown figure 'nope'")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("offset, slope, answers", [(0.3, 0.01, 1), (-0.3, 0.01, 1), (0.0, 0.2, 2), (0.1, 0.2, 2)])
+def test_fig10_diagnostics_recover_the_fruit_margin_line(offset, slope, answers):
+    """On scores whose margin f_apple - f_orange is exactly offset + slope (apples - 2.5), the least-squares
+    line is recovered, and one answer is given to every list exactly when |offset| > 2.5 |slope|."""
+    import torch
+    from types import SimpleNamespace
+
+    from experiments.specs import fig10
+    from rwinterp.qa import QAMajority
+
+    task = QAMajority()
+    slots = list(task.parent_positions())
+
+    def model(tokens):
+        apples = (tokens[:, slots] == 0).sum(-1).double()
+        scores = torch.full((len(tokens), 1, task.n_states), -1.0, dtype=torch.float64)
+        scores[:, 0, 0] = 5.0 + offset + slope * (apples - 2.5)
+        scores[:, 0, 1] = 5.0
+        return scores
+
+    results = Results({"task1": SimpleNamespace(model=model, task=task)})
+    assert fig10.fruit_margin(results) == pytest.approx((offset, slope), abs=1e-12)
+    assert fig10.distinct_answers(results) == answers
+    assert (fig10.offset_over_effect(results) >= 1) == (answers == 1)
+
+
+def test_worker_processes_give_the_same_numbers():
+    """Runs trained in two worker processes give the same histories and recorded quantities as one
+    process (Fig 13 records quantities that its spec module registers: the workers must know them too)."""
+    import numpy as np
+
+    from experiments.runner import execute
+
+    runs, _ = plan(select(discover(), ["13"]), reduced=True)
+    one = execute(runs, progress=False, jobs=1)
+    two = execute(runs, progress=False, jobs=2)
+    assert list(one) == list(two) == [r.key for r in runs]
+    for key in one:
+        assert one[key].history == two[key].history
+        for name, by_step in one[key].snapshots.items():
+            for step, value in by_step.items():
+                other = two[key].snapshots[name][step]
+                if isinstance(value, dict):
+                    assert all(np.array_equal(value[k], other[k]) for k in value)
+                else:
+                    assert np.array_equal(np.asarray(value), np.asarray(other))
+    with pytest.raises(RwinterpError, match="jobs"):
+        execute(runs, progress=False, jobs=0)

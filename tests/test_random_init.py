@@ -90,6 +90,31 @@ def test_kl_quantities_are_exact_on_known_outputs():
         assert kl(truth - 0.1, ri.clipped_normalised) == pytest.approx(0.0, abs=1e-12)
 
 
+def test_attention_ceiling_bounds_every_position_and_grows_with_u():
+    """With unit-norm keys and query no position gets more than 1/(1 + (N-1) e^{-2||u||})."""
+    task = CircleWalk(5, 0.6, 9)
+    tokens = task.sample(64, 4).tokens
+    for sigma in (0.05, 0.5, 3.0):
+        model = paper_model(task, **{**TINY, "init_sigma": sigma})
+        _, cache = model.run_with_cache(tokens)
+        ceiling = ri.attention_ceiling(model)
+        u = float(model.u.detach().norm())
+        assert ceiling == pytest.approx(1 / (1 + 8 * math.exp(-2 * u)), rel=1e-14)
+        assert float(cache["blocks.0.attn.hook_pattern"].max()) <= ceiling
+    # u along one key makes that key's logit ||u||: its weight approaches the ceiling as u grows.
+    model = paper_model(task, **TINY)
+    _, cache = model.run_with_cache(tokens[:1])
+    keys = cache["blocks.0.hook_resid_pre"][0]
+    keys = keys / keys.norm(dim=-1, keepdim=True)
+    with torch.no_grad():
+        model.attn.u.copy_(40.0 * keys[3])
+    _, cache = model.run_with_cache(tokens[:1])
+    assert float(cache["blocks.0.attn.hook_pattern"][0, 0, 0, 3]) <= ri.attention_ceiling(model)
+    assert float(cache["blocks.0.attn.hook_pattern"][0, 0, 0, 3]) > 0.99
+    with pytest.raises(RwinterpError):
+        ri.attention_ceiling(paper_model(task, **TINY, normalize_query=False))
+
+
 @pytest.fixture(scope="module")
 def reduced_results():
     figures = select(discover(), ["6", "11", "12", "13"])
@@ -100,7 +125,9 @@ def reduced_results():
 
 def test_reduced_specs_share_runs_and_every_claim_is_measured(reduced_results):
     figures, runs = reduced_results
-    assert len(runs) == 2 * len(ri.READINGS)  # the four figures share one run per reading and p
+    # The four figures share one run per reading and p; Fig 6 adds the mean-loss learning-rate sweep,
+    # Fig 13 the other seeds of the summed reading at p = 1.
+    assert len(runs) == 2 * len(ri.READINGS) + len(ri.LR_SWEEP) + len(ri.SEEDS) - 1
     for fig, results in figures.values():
         for claim in evaluate_claims(fig, results):
             assert claim.error is None, (fig.id, claim.claim, claim.error)

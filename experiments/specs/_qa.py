@@ -9,7 +9,7 @@ does not hold under the stated setting is shown next to what does reproduce it.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from experiments.spec import (Claim, Computed, FigureSpec, Final, History, Panel, Record, RunSpec,
                               accuracy_near, at_most, is_true, near)
@@ -64,10 +64,11 @@ def qa_claims(prefix: str, setting: str, note1: str = "", note2: str = "", reduc
 
 
 def qa_figure(fig_id: str, title: str, model: dict, train: dict, claims_note: str = "",
-              readings: Optional[list[tuple[str, str, dict, dict, str, bool]]] = None) -> FigureSpec:
+              readings: Optional[list[tuple[str, str, dict, dict, str, bool]]] = None,
+              extra_claims: Sequence[Claim] = ()) -> FigureSpec:
     """``readings``: (prefix, description, model, train, note, reproduces) of alternative settings to
     run too; ``reproduces`` says whether the reading is expected to give the paper's picture (if not,
-    the claim checked is that task 1 is not learned)."""
+    the claim checked is that task 1 is not learned). ``extra_claims`` are appended (diagnostics)."""
     runs = qa_runs("", model, train, 30)
     claims = qa_claims("", "the paper's setting", claims_note, reduced=not readings)
     panels = []
@@ -89,6 +90,7 @@ def qa_figure(fig_id: str, title: str, model: dict, train: dict, claims_note: st
               Computed(lambda r: same_bag_of_words(QAOrder())), is_true(), reduced=True),
         Claim("task 1's bag of words determines its answer (so near-uniform attention suffices)",
               Computed(lambda r: bag_decides(QAMajority())), is_true(), reduced=True),
+        *extra_claims,
     ]
     return FigureSpec(
         id=fig_id, title=title,

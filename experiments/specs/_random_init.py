@@ -27,6 +27,13 @@ changing ``seed`` in a run's model and train dicts):
   about 50 steps: with the same data, the smaller initial noise delays the p = 1 break.
 * So no reading satisfies every claim: in this model the deterministic walk, once its symmetry breaks,
   reaches 100% within about 50 steps, and with the stated sigma it breaks before p = 0.5 is learned.
+
+Two side studies narrow the readings down. Fig 6 (i) sweeps the learning rate of the mean loss at
+p = 0.5 (0.01, 1, 3, 10, 30; lr 10 is the ``summed`` reading): only lr 10 learns after roughly 400
+steps, so the paper's timing points to the loss summed over its 1000 walks. Fig 13 trains the
+``summed`` reading at p = 1 with seeds 1 and 2 too: the early break is not one seed's. And Fig 11 shows
+why the literal reading cannot attend to the parent: unit-norm keys and query cap one position's
+attention at ``1 / (1 + (N-1) e^{-2||u||})`` (:func:`attention_ceiling`), about 0.02 after 1000 steps.
 """
 
 from __future__ import annotations
@@ -38,9 +45,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from experiments.spec import (Claim, Computed, FigureSpec, Final, Panel, Record, Results, RunSpec, StepView, at_least,
-                              at_most, between, is_true, quantity, walk_run)
+from experiments.spec import (Claim, Computed, FigureSpec, Final, History, Panel, Record, Results, RunSpec, StepView,
+                              at_least, at_most, between, is_true, near, quantity, walk_run)
 from experiments.specs._walk import first_step_within, neighbours_dominate
+from rwinterp.errors import require
 
 K, N = 6, 97
 #: The paper's random-initialisation setting (PAPER.md section 4, Figs 6 and 11 to 13).
@@ -61,6 +69,13 @@ ONES_SPREAD = 0.1
 REDUCED = {"task": {"N": 2 * K + 1}, "model": {"pos_dim": 200}, "train": {"steps": 20, "n_train": 200, "n_test": 200},
            "record": {"at": tuple(range(0, 21, 5))}}
 QUANTITIES = ("V", "attention", "averaged_token", "v_column_spread", "kl_normalised", "kl_softmax")
+#: Learning rates of the mean-loss sweep at p = 0.5 (Fig 6 (i)), beside the paper's 0.01 and the ``summed``
+#: reading, which is the mean loss at lr 0.01 x 1000 walks = 10.
+LR_SWEEP = (1.0, 3.0, 30.0)
+#: Seeds of the p = 1 runs that test whether a reading's symmetry-breaking step is one seed's (0 is every figure's).
+SEEDS = (0, 1, 2)
+#: "Roughly 400 steps" for p = 0.5 to reach about 0.5 accuracy, read as this range.
+ROUGHLY_400 = (200, 600)
 
 
 @dataclass(frozen=True)
@@ -107,6 +122,70 @@ def make_run(reading: Reading, p: float) -> RunSpec:
 def runs(ps: tuple[float, ...] = (0.5, 1.0)) -> list[RunSpec]:
     """Every reading's run at every p in ``ps`` (identical runs are trained once across figures)."""
     return [make_run(r, p) for r in READINGS for p in ps]
+
+
+def seed_run_name(reading: Reading, seed: int) -> str:
+    return f"{run_name(reading, 1.0)}_s{seed}"
+
+
+def seed_runs(reading: Reading) -> list[RunSpec]:
+    """p = 1 under ``reading`` with the other seeds of :data:`SEEDS` (initialisation and walks), recording
+    the averaged token, to tell whether its symmetry-breaking step is one seed's."""
+    record = Record(("averaged_token",), at=tuple(range(0, TRAIN["steps"] + 1, EVERY)))
+    return [walk_run(seed_run_name(reading, seed), K, 1.0, N, model={**MODEL, **reading.model, "seed": seed},
+                     train={**TRAIN, **reading.train, "seed": seed}, record=record,
+                     label=f"{reading.label}, seed {seed}") for seed in SEEDS[1:]]
+
+
+def latest_break(results: Results, reading: Reading) -> float:
+    """The latest symmetry-breaking step at p = 1 over the seeds of :data:`SEEDS` (inf if one never breaks)."""
+    names = [run_name(reading, 1.0)] + [seed_run_name(reading, s) for s in SEEDS[1:]]
+    return max(breaking_step(results, name) for name in names)
+
+
+def lr_run_name(lr: float) -> str:
+    return f"lr{lr:g}_p05"
+
+
+def lr_sweep_runs() -> list[RunSpec]:
+    """p = 0.5 under the literal reading (mean loss) at the learning rates of :data:`LR_SWEEP`."""
+    return [walk_run(lr_run_name(lr), K, 0.5, N, model=dict(MODEL), train={**TRAIN, "lr": lr},
+                     label=f"mean loss, lr {lr:g}") for lr in LR_SWEEP]
+
+
+def runs_by_lr() -> dict[float, str]:
+    """p = 0.5 runs under the mean loss by learning rate: the paper's 0.01, the sweep, and 10 (the
+    ``summed`` reading: the loss summed over 1000 walks at lr 0.01 is the mean loss at lr 10)."""
+    by_name = {r.name: r for r in READINGS}
+    named = {0.01: run_name(by_name["paper"], 0.5), 10.0: run_name(by_name["summed"], 0.5),
+             **{lr: lr_run_name(lr) for lr in LR_SWEEP}}
+    return dict(sorted(named.items()))
+
+
+def lr_sweep_series() -> dict[str, Any]:
+    """Test accuracy by step at p = 0.5 under the mean loss, by learning rate."""
+    return {f"lr {lr:g}" + (" (= summed, lr 0.01)" if lr == 10.0 else " (paper)" if lr == 0.01 else ""):
+            History(run, "test_accuracy") for lr, run in runs_by_lr().items()}
+
+
+def lr_matching_paper(results: Results) -> float:
+    """The one learning rate of the mean-loss sweep (0.01, 1, 3, 10 = summed, 30) at which p = 0.5 reaches
+    about 0.5 accuracy after roughly 400 steps; NaN if none or several do."""
+    lo, hi = ROUGHLY_400
+    matching = [lr for lr, run in runs_by_lr().items() if lo <= first_step_within(results, run, 0.5) <= hi]
+    return matching[0] if len(matching) == 1 else math.nan
+
+
+def attention_ceiling(model: Any) -> float:
+    """The most attention any one position can get when keys and query are unit vectors.
+
+    Every logit is ``k_i . u`` with ``|k_i| = 1`` and ``u = W q``, ``|q| = 1``, so it lies in
+    ``[-|u|, |u|]``; one position's softmax weight is then at most ``1 / (1 + (N-1) e^{-2|u|})``.
+    """
+    cfg = model.cfg
+    require(cfg.normalize_tokens and cfg.normalize_query, "the ceiling needs unit-norm keys and query")
+    norm = float(model.u.detach().norm())
+    return 1.0 / (1.0 + (cfg.n_ctx - 1) * math.exp(-2.0 * norm))
 
 
 # ----------------------------------------------------------------------------------- quantities
@@ -225,7 +304,7 @@ def fig6_claims(reading: Reading) -> list[Claim]:
     return [
         Claim(tag + "p = 0.5 reaches about 0.5 accuracy after roughly 400 steps (first step within 3 "
               "standard errors of 0.5)",
-              Computed(lambda r: first_step_within(r, p05, 0.5)), between(200, 600),
+              Computed(lambda r: first_step_within(r, p05, 0.5)), between(*ROUGHLY_400),
               note="'roughly 400' read as 200 to 600 steps. " + reading.about),
         Claim(tag + "p = 0.5 accuracy after 1000 steps is about 0.5",
               Computed(lambda r: accuracy_at(r, p05, 1000)), between(0.5 - 0.047, 0.5 + 0.047),
@@ -254,6 +333,14 @@ def fig11_claims(reading: Reading) -> list[Claim]:
         Claim(tag + "attention on the parent is near 1",
               Computed(lambda r: r[run].history[-1]["parent_attention"]), at_least(0.9)),
     ]
+
+
+def fig13_seed_claim(reading: Reading) -> Claim:
+    return Claim(f"[{reading.name}] the symmetry breaks after about step 700 for every seed "
+                 f"{', '.join(map(str, SEEDS))} (latest first step with variance > {BROKEN_VARIANCE})",
+                 Computed(lambda r: latest_break(r, reading)), between(600, 1000),
+                 note="tells whether the breaking step of seed 0 is one seed's: the seed sets both the "
+                      "initialisation and the walks")
 
 
 def fig12_claims(reading: Reading) -> list[Claim]:

@@ -1,8 +1,11 @@
 """Figure 13: p = 1 from small random initialisation: the attention-averaged token and its variance."""
 
 from experiments.spec import Computed, FigureSpec, Panel
-from experiments.specs._random_init import (BROKEN_VARIANCE, READINGS, REDUCED, fig13_claims, max_variance,
-                                            reading_series, runs, snapshot_panels, verdict)
+from experiments.specs._random_init import (BROKEN_VARIANCE, READINGS, REDUCED, SEEDS, fig13_claims,
+                                            fig13_seed_claim, max_variance, reading_series, runs, seed_runs,
+                                            seed_run_name, snapshot_panels, verdict)
+
+SUMMED = next(r for r in READINGS if r.name == "summed")
 
 
 def _variance_curve(run: str) -> Computed:
@@ -20,17 +23,19 @@ SPEC = FigureSpec(
     caption=("Per reading, two rows: the attention-averaged token of the first test walk, and its per-coordinate "
              "variance over the 1000 test walks, at steps 100, 400, 700, 1000. The paper: the variance stays near 0 "
              "up to about step 700 (every walk averages to the same token), then one token receives much more "
-             "weight. The last row plots the largest variance by step for every reading (dashed: the "
-             f"{BROKEN_VARIANCE} threshold taken as 'symmetry broken')."),
-    runs=runs((1.0,)),
+             "weight. The last row plots the largest variance by step for every reading, and for the summed reading "
+             f"with two more seeds (dashed: the {BROKEN_VARIANCE} threshold taken as 'symmetry broken')."),
+    runs=runs((1.0,)) + seed_runs(SUMMED),
     panels=[panel for i, reading in enumerate(READINGS)
             for what, letter in (("example", chr(97 + i)), ("var", chr(97 + i) + "'"))
             for panel in snapshot_panels(reading, 1.0, letter, what)]
     + [Panel("line", "(e) largest averaged-token variance by step",
-             series=reading_series(1.0, _variance_curve), ref={"threshold": BROKEN_VARIANCE}, logy=True,
+             series={**reading_series(1.0, _variance_curve),
+                     **{f"{SUMMED.label}, seed {s}": _variance_curve(seed_run_name(SUMMED, s)) for s in SEEDS[1:]}},
+             ref={"threshold": BROKEN_VARIANCE}, logy=True,
              xlabel="step", ylabel="variance over walks (log)"),
        Panel("text", "which reading reproduces Fig 13", data=Computed(lambda r: verdict(r, fig13_claims)))],
-    claims=[c for reading in READINGS for c in fig13_claims(reading)],
+    claims=[c for reading in READINGS for c in fig13_claims(reading)] + [fig13_seed_claim(SUMMED)],
     layout=(2 * len(READINGS) + 1, 4),
     panel_size=(3.2, 2.4),
     reduced=REDUCED,
