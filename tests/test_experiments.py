@@ -118,6 +118,8 @@ def test_unknown_figures_and_quantities_are_one_line_errors(tmp_path, capsys):
         plan([bad])
     assert main(["reproduce", "nope", "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     assert capsys.readouterr().err.startswith("rwinterp: error: unknown figure 'nope'")
+    assert main(["reproduce", "4", "--jobs", "0", "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip() == "rwinterp: error: --jobs must be at least 1, got 0"
     assert not (tmp_path / "o").exists()
 
 

@@ -109,6 +109,10 @@ READINGS = (
 )
 
 
+def reading_named(name: str) -> Reading:
+    return next(r for r in READINGS if r.name == name)
+
+
 def run_name(reading: Reading, p: float) -> str:
     return f"{reading.name}_p{'05' if p == 0.5 else '1'}"
 
@@ -156,8 +160,7 @@ def lr_sweep_runs() -> list[RunSpec]:
 def runs_by_lr() -> dict[float, str]:
     """p = 0.5 runs under the mean loss by learning rate: the paper's 0.01, the sweep, and 10 (the
     ``summed`` reading: the loss summed over 1000 walks at lr 0.01 is the mean loss at lr 10)."""
-    by_name = {r.name: r for r in READINGS}
-    named = {0.01: run_name(by_name["paper"], 0.5), 10.0: run_name(by_name["summed"], 0.5),
+    named = {0.01: run_name(reading_named("paper"), 0.5), 10.0: run_name(reading_named("summed"), 0.5),
              **{lr: lr_run_name(lr) for lr in LR_SWEEP}}
     return dict(sorted(named.items()))
 

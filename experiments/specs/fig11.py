@@ -1,10 +1,10 @@
 """Figure 11: p = 0.5 from small random initialisation: V at steps 100 to 1000 and the final attention."""
 
 from experiments.spec import Claim, Computed, FigureSpec, Panel, at_most
-from experiments.specs._random_init import (READINGS, REDUCED, attention_ceiling, attention_panel, fig11_claims, run_name,
-                                            runs, snapshot_panels, verdict)
+from experiments.specs._random_init import (READINGS, REDUCED, attention_ceiling, attention_panel, fig11_claims,
+                                            reading_named, run_name, runs, snapshot_panels, verdict)
 
-PAPER = READINGS[0]
+PAPER = reading_named("paper")
 CEILING = Claim(
     f"[{PAPER.name}] why attention stays spread as stated: with unit-norm keys and query every logit lies in "
     "[-||u||, ||u||] (u = W x~_N/||x~_N||), so after 1000 steps no position can get more than "

@@ -2,10 +2,10 @@
 
 from experiments.spec import Computed, FigureSpec, Panel
 from experiments.specs._random_init import (BROKEN_VARIANCE, READINGS, REDUCED, SEEDS, fig13_claims,
-                                            fig13_seed_claim, max_variance, reading_series, runs, seed_runs,
-                                            seed_run_name, snapshot_panels, verdict)
+                                            fig13_seed_claim, max_variance, reading_named, reading_series, runs,
+                                            seed_runs, seed_run_name, snapshot_panels, verdict)
 
-SUMMED = next(r for r in READINGS if r.name == "summed")
+SUMMED = reading_named("summed")
 
 
 def _variance_curve(run: str) -> Computed:
