@@ -17,6 +17,7 @@ m (appendix F.2)       ``mlp_width``       ``d_mlp = m``; ``attn_only`` when ``N
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
@@ -70,6 +71,9 @@ class LibraryConfig(TransformerLensConfig):
     #: With ``normalize_tokens``: normalise the query x~_N too (True, the natural reading) or only
     #: the keys x~_1..x~_N (False). Ignored without ``normalize_tokens``.
     normalize_query: bool = True
+    #: With ``normalize_tokens``: the length the normalised vectors are scaled to (1, the paper's unit
+    #: length; ``r`` multiplies every attention logit by ``r^2`` when the query is normalised too).
+    token_norm: float = 1.0
     mlp_width: Optional[int] = None
     seed: int = 0
     device: Optional[str] = "cpu"
@@ -80,6 +84,12 @@ class LibraryConfig(TransformerLensConfig):
 
     #: The fields a user sets; the rest are derived in ``__post_init__`` and not saved.
     user_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.token_norm, (int, float)) and not isinstance(self.token_norm, bool)
+                and math.isfinite(self.token_norm) and self.token_norm > 0,
+                f"token norm must be a positive number, got {self.token_norm!r}")
+        super().__post_init__()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable: only the fields a user sets (derived ones are recomputed)."""
@@ -98,7 +108,7 @@ class WalkTransformerConfig(LibraryConfig):
 
     user_fields: ClassVar[tuple[str, ...]] = (
         "n_states", "n_ctx", "pos_dim", "pos_embedding", "init", "init_sigma", "normalize_tokens",
-        "normalize_query", "mlp_width", "seed", "dtype")
+        "normalize_query", "token_norm", "mlp_width", "seed", "dtype")
 
     def __post_init__(self) -> None:
         self.dtype = resolve_dtype(self.dtype)

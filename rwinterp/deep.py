@@ -66,8 +66,9 @@ hook                                shape                        content
 ``blocks.L.hook_resid_post``        ``[batch, pos, d_model]``    residual stream out of block L
 ==================================  ===========================  =====================================
 
-``x_q``/``x_k`` are the residual rows divided by their norm when ``normalize_tokens`` is set (the
-paper's random-initialisation runs; ``normalize_query = False`` normalises the keys only). In
+``x_q``/``x_k`` are the residual rows divided by their norm (times ``token_norm``, default 1) when
+``normalize_tokens`` is set (the paper's random-initialisation runs; ``normalize_query = False``
+normalises the keys only). In
 ``query`` mode the rows other than the query slot pass through every block unchanged. With
 ``key_query = "merged"``, ``W_Q = W^T`` and ``W_K = I`` (``d_qk = d_model``), so ``W_Q W_K^T = W^T``
 as TransformerLens expects (``score = q . k``).
@@ -105,7 +106,7 @@ CHOICES = {
 USER_FIELDS = ("n_states", "n_ctx", "n_layers", "n_heads", "pos_mode", "pos_embedding", "pos_dim",
                "d_model", "d_head", "token_embedding", "d_token", "key_query", "attn_scale", "values",
                "readout", "residual", "attention", "mlp_width", "init", "init_sigma",
-               "normalize_tokens", "normalize_query", "seed", "dtype")
+               "normalize_tokens", "normalize_query", "token_norm", "seed", "dtype")
 
 
 @dataclass
@@ -264,7 +265,8 @@ class Attention(nn.Module):
 
     def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch Q d_model"]:
         cfg = self.cfg
-        x = resid / resid.norm(dim=-1, keepdim=True).clamp_min(1e-30) if cfg.normalize_tokens else resid
+        x = (resid / resid.norm(dim=-1, keepdim=True).clamp_min(1e-30) * cfg.token_norm
+             if cfg.normalize_tokens else resid)
         x_q = x if cfg.normalize_query else resid
         x_q = x_q[:, -1:] if cfg.attention == "query" else x_q
         if cfg.key_query == "merged":
@@ -470,7 +472,7 @@ def paper_config(walk_cfg: WalkTransformerConfig) -> DeepConfig:
     return DeepConfig.paper(
         walk_cfg.n_states, walk_cfg.n_ctx, walk_cfg.pos_dim, pos_embedding=walk_cfg.pos_embedding,
         normalize_tokens=walk_cfg.normalize_tokens, normalize_query=walk_cfg.normalize_query,
-        mlp_width=walk_cfg.mlp_width, init=walk_cfg.init,
+        token_norm=walk_cfg.token_norm, mlp_width=walk_cfg.mlp_width, init=walk_cfg.init,
         init_sigma=walk_cfg.init_sigma, seed=walk_cfg.seed, dtype=walk_cfg.dtype)
 
 

@@ -283,10 +283,12 @@ class WalkTransformer(HookedWalkModel):
         return self.blocks[0].mlp.A
 
     def query_vector(self) -> Float[Tensor, " d_model"]:
-        """The query as the attention sees it: ``x~_N``, or ``x~_N/||x~_N||`` with normalised tokens
-        (unless ``normalize_query`` is off: then only the keys are normalised)."""
+        """The query as the attention sees it: ``x~_N``, or ``r x~_N/||x~_N||`` with normalised tokens
+        (``r = cfg.token_norm``, 1 by default; unless ``normalize_query`` is off: then only the keys
+        are normalised, to length r)."""
         q = self.W_pos[-1]
-        return q / q.norm() if self.cfg.normalize_tokens and self.cfg.normalize_query else q
+        cfg = self.cfg
+        return q / q.norm() * cfg.token_norm if cfg.normalize_tokens and cfg.normalize_query else q
 
     def u_lr_scale(self) -> float:
         """``||query||^2``: gradient descent on W moves ``u`` by this factor times ``-lr dL/du``."""
@@ -421,13 +423,13 @@ class WalkTransformer(HookedWalkModel):
             resid = block.hook_resid_pre(embed + pos)
             keys = resid @ u
             if cfg.normalize_tokens:
-                keys = keys / resid.norm(dim=-1)
+                keys = keys / resid.norm(dim=-1) * cfg.token_norm
             token_part = resid[..., :K]
         else:
             # x~_i . u = u_tok[x_i] + p_i . u_pos, without building [batch, pos, d_model].
             keys = (self.W_E @ u)[tokens] + BroadcastOverBatch.apply(self.W_pos @ u, tokens.shape[0])
             if cfg.normalize_tokens:  # ||x~_i||^2 = ||embedding||^2 + ||p_i||^2 (disjoint coordinates)
-                keys = keys / (self.tok_sq[tokens] + self.pos_sq[None, :]).sqrt()
+                keys = keys / (self.tok_sq[tokens] + self.pos_sq[None, :]).sqrt() * cfg.token_norm
         z = block.attn(keys, tokens, token_part)  # [batch, 1, 1, d_head]
         head_out = z[:, :, 0, :]
         if not self._dense_outputs():

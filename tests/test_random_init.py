@@ -71,6 +71,28 @@ def test_keys_only_normalisation_is_the_formula_with_the_raw_query():
         TrainConfig(reduction="median")
 
 
+@pytest.mark.parametrize("normalize_query", [True, False])
+def test_token_norm_scales_the_normalised_keys_and_query(normalize_query):
+    """Scores: (r x~_i/||x~_i||) . W q with q = r x~_N/||x~_N|| (or the raw x~_N with keys-only
+    normalisation); u's GD rate is ||q||^2; the deep model with the same weights agrees."""
+    from rwinterp.deep import from_walk_transformer
+
+    task = CircleWalk(5, 0.6, 9)
+    r = 3.0
+    model = paper_model(task, **TINY, token_norm=r, normalize_query=normalize_query)
+    tokens = task.sample(16, 1).tokens
+    X = torch.nn.functional.one_hot(tokens, 6)[..., :5].double()
+    Xt = torch.cat([X, model.W_pos[:, 5:].expand(16, -1, -1)], -1)
+    q = Xt[0, -1] / Xt[0, -1].norm() * r if normalize_query else Xt[0, -1]
+    S = torch.softmax((r * Xt / Xt.norm(dim=-1, keepdim=True)) @ (model.W @ q), -1)
+    expected = torch.einsum("bn,bnk->bk", S, X) @ model.V.T
+    assert torch.allclose(model.scores(tokens), expected, atol=1e-13)
+    assert model.u_lr_scale() == pytest.approx(float(q @ q), rel=1e-14)
+    assert torch.allclose(from_walk_transformer(model)(tokens)[:, -1, :], expected, atol=1e-13)
+    with pytest.raises(RwinterpError, match="token norm"):
+        paper_model(task, token_norm=0.0)
+
+
 def test_kl_quantities_are_exact_on_known_outputs():
     """KL(P || q) is 0 when the scores are P itself and log K - H(P) for uniform scores."""
     for p, uniform_kl in ((0.5, math.log(3)), (1.0, math.log(6))):
@@ -127,7 +149,8 @@ def test_reduced_specs_share_runs_and_every_claim_is_measured(reduced_results):
     figures, runs = reduced_results
     # The four figures share one run per reading and p; Fig 6 adds the mean-loss learning-rate sweep,
     # Fig 13 the other seeds of the summed reading at p = 1.
-    assert len(runs) == 2 * len(ri.READINGS) + len(ri.LR_SWEEP) + len(ri.SEEDS) - 1
+    sweeps = sum(len(sweep.values) * len(sweep.ps) for sweep in ri.SWEEPS)
+    assert len(runs) == 2 * len(ri.READINGS) + sweeps + len(ri.SEEDS) - 1
     for fig, results in figures.values():
         for claim in evaluate_claims(fig, results):
             assert claim.error is None, (fig.id, claim.claim, claim.error)

@@ -28,9 +28,12 @@ changing ``seed`` in a run's model and train dicts):
 * So no reading satisfies every claim: in this model the deterministic walk, once its symmetry breaks,
   reaches 100% within about 50 steps, and with the stated sigma it breaks before p = 0.5 is learned.
 
-Two side studies narrow the readings down. Fig 6 (i) sweeps the learning rate of the mean loss at
-p = 0.5 (0.01, 1, 3, 10, 30; lr 10 is the ``summed`` reading): only lr 10 learns after roughly 400
-steps, so the paper's timing points to the loss summed over its 1000 walks. Fig 13 trains the
+Side studies narrow the readings down (:class:`Sweep`). Fig 6 (i) sweeps the learning rate of the
+mean loss at p = 0.5 (0.01, 1, 3, 10, 30; lr 10 is the ``summed`` reading): only lr 10 learns after
+roughly 400 steps, so the paper's timing points to the loss summed over its 1000 walks. Fig 6 (j, k)
+sweeps the length r that x~ and the query are normalised to (``token_norm``; r^2 = 1, 10, 30, 100):
+longer vectors speed up the attention alone: p = 1 reaches 100%, and p = 0.5 is not learned (its
+attention leaves the parent). Fig 13 trains the
 ``summed`` reading at p = 1 with seeds 1 and 2 too: the early break is not one seed's. And Fig 11 shows
 why the literal reading cannot attend to the parent: unit-norm keys and query cap one position's
 attention at ``1 / (1 + (N-1) e^{-2||u||})`` (:func:`attention_ceiling`), about 0.02 after 1000 steps.
@@ -69,9 +72,6 @@ ONES_SPREAD = 0.1
 REDUCED = {"task": {"N": 2 * K + 1}, "model": {"pos_dim": 200}, "train": {"steps": 20, "n_train": 200, "n_test": 200},
            "record": {"at": tuple(range(0, 21, 5))}}
 QUANTITIES = ("V", "attention", "averaged_token", "v_column_spread", "kl_normalised", "kl_softmax")
-#: Learning rates of the mean-loss sweep at p = 0.5 (Fig 6 (i)), beside the paper's 0.01 and the ``summed``
-#: reading, which is the mean loss at lr 0.01 x 1000 walks = 10.
-LR_SWEEP = (1.0, 3.0, 30.0)
 #: Seeds of the p = 1 runs that test whether a reading's symmetry-breaking step is one seed's (0 is every figure's).
 SEEDS = (0, 1, 2)
 #: "Roughly 400 steps" for p = 0.5 to reach about 0.5 accuracy, read as this range.
@@ -147,35 +147,69 @@ def latest_break(results: Results, reading: Reading) -> float:
     return max(breaking_step(results, name) for name in names)
 
 
-def lr_run_name(lr: float) -> str:
-    return f"lr{lr:g}_p05"
+@dataclass(frozen=True)
+class Sweep:
+    """One option of the literal reading (mean loss) varied over ``values``, at every p in ``ps``.
+
+    ``setting(v)`` gives the (model, train) overrides for value ``v``; ``known`` maps values whose
+    runs the readings already train (the paper's value, or one a reading equals) to those readings.
+    """
+
+    key: str
+    what: str
+    values: tuple[float, ...]
+    setting: Callable[[float], tuple[dict[str, Any], dict[str, Any]]]
+    known: tuple[tuple[float, str], ...]
+    ps: tuple[float, ...] = (0.5,)
+
+    def run_name(self, value: float, p: float) -> str:
+        return f"{self.key}{value:g}_p{'05' if p == 0.5 else '1'}"
+
+    def runs(self) -> list[RunSpec]:
+        out = []
+        for value in self.values:
+            model, train = self.setting(value)
+            out += [walk_run(self.run_name(value, p), K, p, N, model={**MODEL, **model}, train={**TRAIN, **train},
+                             label=f"mean loss, {self.what} {value:g}") for p in self.ps]
+        return out
+
+    def runs_by_value(self, p: float) -> dict[float, str]:
+        """Every value's run at ``p``, the readings' runs included, by value."""
+        named = {v: run_name(reading_named(name), p) for v, name in self.known}
+        named.update({v: self.run_name(v, p) for v in self.values})
+        return dict(sorted(named.items()))
+
+    def series(self, p: float) -> dict[str, Any]:
+        """Test accuracy by step at ``p``, one curve per value."""
+        known = dict(self.known)
+        return {f"{self.what} {v:g}" + (f" ({known[v]})" if v in known else ""): History(run, "test_accuracy")
+                for v, run in self.runs_by_value(p).items()}
+
+    def all_values(self) -> list[float]:
+        return sorted({*self.values, *(v for v, _ in self.known)})
 
 
-def lr_sweep_runs() -> list[RunSpec]:
-    """p = 0.5 under the literal reading (mean loss) at the learning rates of :data:`LR_SWEEP`."""
-    return [walk_run(lr_run_name(lr), K, 0.5, N, model=dict(MODEL), train={**TRAIN, "lr": lr},
-                     label=f"mean loss, lr {lr:g}") for lr in LR_SWEEP]
+#: The learning rate of the mean loss (Fig 6 (i)); lr 10 is the ``summed`` reading (0.01 x 1000 walks).
+LR_SWEEP = Sweep("lr", "lr", (1.0, 3.0, 30.0), lambda lr: ({}, {"lr": lr}), ((0.01, "paper"), (10.0, "summed")))
+#: The length r that x~ and the query are normalised to, as r^2 (every attention logit scales by r^2;
+#: Fig 6 (j, k)); r^2 = 1 is the paper's unit length.
+NORM_SWEEP = Sweep("norm", "r^2", (10.0, 30.0, 100.0), lambda r2: ({"token_norm": math.sqrt(r2)}, {}),
+                   ((1.0, "paper"),), ps=(0.5, 1.0))
+SWEEPS = (LR_SWEEP, NORM_SWEEP)
 
 
-def runs_by_lr() -> dict[float, str]:
-    """p = 0.5 runs under the mean loss by learning rate: the paper's 0.01, the sweep, and 10 (the
-    ``summed`` reading: the loss summed over 1000 walks at lr 0.01 is the mean loss at lr 10)."""
-    named = {0.01: run_name(reading_named("paper"), 0.5), 10.0: run_name(reading_named("summed"), 0.5),
-             **{lr: lr_run_name(lr) for lr in LR_SWEEP}}
-    return dict(sorted(named.items()))
-
-
-def lr_sweep_series() -> dict[str, Any]:
-    """Test accuracy by step at p = 0.5 under the mean loss, by learning rate."""
-    return {f"lr {lr:g}" + (" (= summed, lr 0.01)" if lr == 10.0 else " (paper)" if lr == 0.01 else ""):
-            History(run, "test_accuracy") for lr, run in runs_by_lr().items()}
-
-
-def lr_matching_paper(results: Results) -> float:
-    """The one learning rate of the mean-loss sweep (0.01, 1, 3, 10 = summed, 30) at which p = 0.5 reaches
-    about 0.5 accuracy after roughly 400 steps; NaN if none or several do."""
+def sweep_matches(results: Results, sweep: Sweep) -> list[float]:
+    """The values of ``sweep`` at which p = 0.5 reaches about 0.5 accuracy after roughly 400 steps
+    (and, if the sweep runs p = 1, p = 1 stays below 100%, as Fig 6 shows)."""
     lo, hi = ROUGHLY_400
-    matching = [lr for lr, run in runs_by_lr().items() if lo <= first_step_within(results, run, 0.5) <= hi]
+    p1 = sweep.runs_by_value(1.0) if 1.0 in sweep.ps else {}
+    return [v for v, run in sweep.runs_by_value(0.5).items()
+            if lo <= first_step_within(results, run, 0.5) <= hi and (v not in p1 or max_accuracy(results, p1[v]) <= 0.999)]
+
+
+def only_match(results: Results, sweep: Sweep) -> float:
+    """The one matching value of ``sweep`` (:func:`sweep_matches`); NaN if none or several."""
+    matching = sweep_matches(results, sweep)
     return matching[0] if len(matching) == 1 else math.nan
 
 
