@@ -183,8 +183,14 @@ def execute(runs: list[PlannedRun], progress: Optional[bool] = None, jobs: int =
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_init_worker,
                                  initargs=(threads,)) as pool:
-            # Longest first (steps x walks), so that no long run starts last.
-            order = sorted(runs, key=lambda r: -r.spec.steps() * int(r.spec.train.get("n_train", 1000)))
+            # Longest first (steps x training walks), so that no long run starts last.
+            from rwinterp.training import TrainConfig
+
+            def cost(r: PlannedRun) -> int:
+                config = TrainConfig.from_dict(r.spec.train)
+                return config.steps * config.n_train
+
+            order = sorted(runs, key=cost, reverse=True)
             futures = {pool.submit(execute_run, r.spec): r for r in order}
             for future in as_completed(futures):
                 r = futures[future]

@@ -128,8 +128,8 @@ def test_fig10_diagnostics_recover_the_fruit_margin_line(offset, slope, answers)
     """On scores whose margin f_apple - f_orange is exactly offset + slope (apples - 2.5), the least-squares
     line is recovered, and one answer is given to every list exactly when |offset| > 2.5 |slope|."""
     import torch
-    from types import SimpleNamespace
 
+    from experiments.spec import RunResult
     from experiments.specs import fig10
     from rwinterp.qa import QAMajority
 
@@ -143,7 +143,7 @@ def test_fig10_diagnostics_recover_the_fruit_margin_line(offset, slope, answers)
         scores[:, 0, 1] = 5.0
         return scores
 
-    results = Results({"task1": SimpleNamespace(model=model, task=task)})
+    results = Results({"task1": RunResult(None, [], {}, model=model, task=task)})
     assert fig10.fruit_margin(results) == pytest.approx((offset, slope), abs=1e-12)
     assert fig10.distinct_answers(results) == answers
     assert (fig10.offset_over_effect(results) >= 1) == (answers == 1)

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from experiments.spec import (Claim, Computed, FigureSpec, Final, History, Panel, Record, Results, RunSpec, StepView,
-                              at_least, at_most, between, is_true, near, quantity, walk_run)
+                              at_least, at_most, between, is_true, quantity, walk_run)
 from experiments.specs._walk import first_step_within, neighbours_dominate
 from rwinterp.errors import require
 

@@ -29,26 +29,32 @@ NOTE = ("The stated loss -log(f_y + eps) rewards a large f_y and never penalises
         "alternative reading).")
 
 
+def population_scores(results: Results, run: str = "task1") -> torch.Tensor:
+    """The trained model's scores ``[32, K]`` on the 32 lists of task 1 (computed once per run)."""
+    r = results[run]
+
+    def compute() -> torch.Tensor:
+        with torch.no_grad():
+            return r.model(r.task.population().tokens)[:, -1, :].to(torch.float64)
+
+    return r.memo("population_scores", compute)
+
+
 def fruit_margin(results: Results, run: str = "task1") -> tuple[float, float]:
     """Least-squares line of ``f_apple - f_orange`` against the number of apples over the 32 lists of
     task 1: (its value at 2.5 apples, the offset; its slope per apple)."""
     r = results[run]
-    population = r.task.population()
-    with torch.no_grad():
-        scores = r.model(population.tokens)[:, -1, :].to(torch.float64)
+    scores = population_scores(results, run)
     margin = (scores[:, token_of("apple")] - scores[:, token_of("orange")]).numpy()
     slots = list(r.task.parent_positions())
-    apples = (population.tokens[:, slots] == token_of("apple")).sum(-1).numpy().astype(float)
+    apples = (r.task.population().tokens[:, slots] == token_of("apple")).sum(-1).numpy().astype(float)
     slope, offset = np.polyfit(apples - 2.5, margin, 1)
     return float(offset), float(slope)
 
 
 def distinct_answers(results: Results, run: str = "task1") -> int:
     """How many different answers the trained model gives over the 32 lists of task 1."""
-    r = results[run]
-    with torch.no_grad():
-        scores = r.model(r.task.population().tokens)[:, -1, :]
-    return len(set(predict(scores).tolist()))
+    return len(set(predict(population_scores(results, run)).tolist()))
 
 
 def offset_over_effect(results: Results) -> float:
