@@ -66,6 +66,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sigma", type=float, default=0.01, help="std of the Gaussian initialisation (default 0.01)")
     g.add_argument("--normalize-tokens", action="store_true",
                    help="use x~/||x~|| inside the attention (the paper's random-init runs)")
+    g.add_argument("--keys-only", action="store_true",
+                   help="with --normalize-tokens: normalise the keys x~_1..x~_N but not the query")
+    g.add_argument("--token-norm", type=float, default=None,
+                   help="with --normalize-tokens: the length x~ is normalised to (default 1)")
     g.add_argument("--mlp-width", type=int, default=None, help="FC+ReLU variant with this width m")
     g.add_argument("--dtype", choices=["float32", "float64"], default="float64", help="default float64")
 
@@ -150,6 +154,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                    help="gd: full-batch gradient descent (the paper's)")
     g.add_argument("--batch-size", type=int, default=None, help="mini-batch size for sgd/adamw")
     g.add_argument("--weight-decay", type=float, default=0.0)
+    g.add_argument("--reduction", choices=["mean", "sum"], default="mean",
+                   help="the loss averaged (the paper's stated reading) or summed over the training walks")
     g.add_argument("--n-train", type=int, default=1000, help="training walks (default 1000)")
     g.add_argument("--n-test", type=int, default=1000, help="test walks (default 1000)")
     g.add_argument("--population", action="store_true",
@@ -223,6 +229,16 @@ def make_task(args: argparse.Namespace) -> Any:
     return chains.RandomOrderChain(K, opt("order", 2), args.N, opt("concentration", 1.0), opt("chain_seed", 0))
 
 
+def _normalisation(args: argparse.Namespace) -> dict[str, Any]:
+    """The model-config fields of ``--normalize-tokens``, ``--keys-only`` and ``--token-norm``."""
+    if not args.normalize_tokens:
+        for flag, given in (("keys-only", args.keys_only), ("token-norm", args.token_norm is not None)):
+            if given:
+                raise RwinterpError(f"--{flag} needs --normalize-tokens")
+    return {"normalize_tokens": args.normalize_tokens, "normalize_query": not args.keys_only,
+            "token_norm": 1.0 if args.token_norm is None else args.token_norm}
+
+
 def make_model(args: argparse.Namespace, task: Any) -> Any:
     """The model that ``rwinterp train`` options describe, sized for ``task``."""
     deep = {field: getattr(args, name) for name, field in DEEP_OPTIONS.items() if getattr(args, name) is not None}
@@ -236,15 +252,15 @@ def make_model(args: argparse.Namespace, task: Any) -> Any:
 
         return WalkTransformer(WalkTransformerConfig(
             n_states=task.n_states, n_ctx=task.seq_len, pos_dim=args.M, pos_embedding=args.pe or "orthogonal",
-            init=args.init or "zero", init_sigma=args.sigma, normalize_tokens=args.normalize_tokens,
-            mlp_width=args.mlp_width, seed=args.seed, dtype=args.dtype,
+            init=args.init or "zero", init_sigma=args.sigma, mlp_width=args.mlp_width, seed=args.seed,
+            dtype=args.dtype, **_normalisation(args),
         ))
     from rwinterp.deep import DeepConfig, DeepTransformer
 
     for name, value in (("pos_embedding", args.pe), ("init", args.init), ("mlp_width", args.mlp_width)):
         if value is not None:
             deep[name] = value
-    deep.update(init_sigma=args.sigma, normalize_tokens=args.normalize_tokens, seed=args.seed, dtype=args.dtype)
+    deep.update(init_sigma=args.sigma, seed=args.seed, dtype=args.dtype, **_normalisation(args))
     if args.preset == "standard":
         cfg = DeepConfig.standard(task.n_states, task.seq_len, deep.pop("d_model", 32), **deep)
     else:
@@ -260,6 +276,7 @@ def _train(args: argparse.Namespace) -> int:
         lr=args.lr, eps=args.eps, steps=args.steps, loss=args.loss, optimizer=args.optimizer,
         batch_size=args.batch_size, weight_decay=args.weight_decay, n_train=args.n_train,
         n_test=args.n_test, population=args.population, seed=args.seed, next_token=args.next_token,
+        reduction=args.reduction,
     )
     if args.population:  # refuse before building the model
         from rwinterp.tasks import check_population_size
@@ -298,12 +315,14 @@ def _train(args: argparse.Namespace) -> int:
     parents = ", ".join(str(p + 1) for p in task.parent_positions())
     print(f"task        {task.describe()}   (population: {args.population})")
     if args.model == "paper":
-        print(f"model       K={cfg.n_states} N={cfg.n_ctx} M={cfg.pos_dim} pe={cfg.pos_embedding} init={cfg.init} "
-              f"dtype={args.dtype}")
+        mlp = f" mlp={cfg.mlp_width}" if cfg.mlp_width is not None else ""
+        print(f"model       K={cfg.n_states} N={cfg.n_ctx} M={cfg.pos_dim} pe={cfg.pos_embedding}{mlp} "
+              f"dtype={args.dtype} init={cfg.init_label()}")
     else:
         print(f"model       {cfg.describe()}")
     print(f"training    {train_cfg.optimizer} lr={train_cfg.lr} eps={train_cfg.eps} steps={train_cfg.steps} "
-          f"loss={train_cfg.loss}{' next-token' if train_cfg.next_token else ''} ({result.train_seconds:.2f} s)")
+          f"loss={train_cfg.loss}{' (summed)' if train_cfg.reduction == 'sum' else ''}"
+          f"{' next-token' if train_cfg.next_token else ''} ({result.train_seconds:.2f} s)")
     print(f"accuracy    test {summary['test_accuracy']:.4f}  train {summary['train_accuracy']:.4f}  "
           f"Bayes {summary['bayes_accuracy']:.4f}")
     print(f"attention   mean on the parent(s) (position {parents}, 1-indexed): {summary['parent_attention']:.4f}")

@@ -91,6 +91,14 @@ class LibraryConfig(TransformerLensConfig):
                 f"token norm must be a positive number, got {self.token_norm!r}")
         super().__post_init__()
 
+    def init_label(self) -> str:
+        """The initialisation and the attention's token normalisation, for one-line summaries."""
+        init = self.init + (f"({self.init_sigma:g})" if self.init == "gaussian" else "")
+        if not self.normalize_tokens:
+            return init
+        which = "keys and query" if self.normalize_query else "keys only"
+        return f"{init}, x~ normalised to length {self.token_norm:g} ({which})"
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable: only the fields a user sets (derived ones are recomputed)."""
         out = {k: getattr(self, k) for k in self.user_fields}

@@ -218,12 +218,11 @@ class DeepConfig(LibraryConfig):
         """One line naming every option."""
         pos = f"{self.pos_mode} {self.pos_embedding}" + (f" M={self.pos_dim}" if self.pos_mode == "concat" else "")
         mlp = f" mlp={self.mlp_width}" if self.mlp_width is not None else ""
-        init = self.init + (f"({self.init_sigma})" if self.init == "gaussian" else "")
         return (f"deep {self.n_layers} layer(s) x {self.n_heads} head(s), K={self.n_states} N={self.n_ctx} "
                 f"d_model={self.d_model} d_head={self.d_head}, positions {pos}, tokens {self.token_embedding}, "
                 f"{self.key_query} QK / {self.attn_scale:g}, values {self.values}, readout {self.readout}, "
-                f"residual {'on' if self.residual else 'off'}, {self.attention} attention{mlp}, init {init}"
-                f"{', normalised tokens' if self.normalize_tokens else ''}, {dtype_name(self.dtype)}")
+                f"residual {'on' if self.residual else 'off'}, {self.attention} attention{mlp}, init {self.init_label()}, "
+                f"{dtype_name(self.dtype)}")
 
 
 def standard_options(d_model: int, **overrides: Any) -> dict[str, Any]:

@@ -66,6 +66,9 @@ def test_cli_train_json_and_run_directory(tmp_path, capsys):
         (["--eps", "-1"], "eps must be positive"),
         (["--N", "40", "--population"], "population mode would enumerate"),
         (["--steps", "x"], "invalid int value"),
+        (["--token-norm", "3"], "--token-norm needs --normalize-tokens"),
+        (["--keys-only"], "--keys-only needs --normalize-tokens"),
+        (["--normalize-tokens", "--token-norm", "0"], "token norm must be a positive number"),
     ],
 )
 def test_cli_bad_input_is_one_line(args, message, capsys):
@@ -74,6 +77,28 @@ def test_cli_bad_input_is_one_line(args, message, capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cli_normalisation_and_reduction_reach_the_run(tmp_path, capsys):
+    """The random-init readings' options (PAPER.md section 2) go from the flags into the saved run,
+    and the run equals the same training done through the library."""
+    flags = ["--init", "gaussian", "--normalize-tokens", "--keys-only", "--token-norm", "3", "--reduction", "sum",
+             "--lr", "0.01"]
+    assert main(["train", *SMALL, *flags, "--json", "--out", str(tmp_path / "run")]) == 0
+    data = json.loads(capsys.readouterr().out)
+    run = load_run(tmp_path / "run")
+    assert (run.model.cfg.normalize_tokens, run.model.cfg.normalize_query, run.model.cfg.token_norm) == (True, False, 3.0)
+    assert data["train"]["reduction"] == "sum"
+    task = CircleWalk(5, 0.5, 9)
+    model = paper_model(task, pos_dim=16, init="gaussian", normalize_tokens=True, normalize_query=False,
+                        token_norm=3.0)
+    cfg = TrainConfig(steps=3, lr=0.01, n_train=50, n_test=50, reduction="sum")
+    result = train(model, task, cfg, progress=False)
+    assert result.history == data["history"]
+    assert torch.equal(model.W, run.model.W)
+    assert main(["train", *SMALL, *flags, "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "init=gaussian(0.01), x~ normalised to length 3 (keys only)" in text and "loss=log (summed)" in text
 
 
 def test_cli_diverging_loss(capsys):
