@@ -88,7 +88,8 @@ from transformer_lens.hook_points import HookPoint
 
 from rwinterp.config import LibraryConfig, WalkTransformerConfig, dtype_name, resolve_dtype
 from rwinterp.errors import require
-from rwinterp.model import HookedWalkModel, WalkBlock, WalkTransformer, positional_embeddings
+from rwinterp.model import (HookedWalkModel, SymmetricReadout, WalkBlock, WalkTransformer,
+                            positional_embeddings)
 from rwinterp.runs import ModelKind, register_model_kind
 
 CHOICES = {
@@ -242,6 +243,33 @@ def standard_options(d_model: int, **overrides: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- layers
 
 
+class QueryProjection(torch.autograd.Function):
+    """``q = W[h] x_q`` for merged key-query weights, whose W-gradient keeps equal rows bit-equal.
+
+    When every walk has the same query row (the first layer's query slot, and any layer while the
+    walks are symmetric), ``dW[h] = (sum_b dq_b) x_q^T``: the sum over walks runs along the innermost
+    axis, the same code path for every row, and the outer product is exact entry by entry. A matmul
+    over walks rounds rows at the edge of its SIMD blocks differently, which puts position-dependent
+    round-off into the attention and breaks Theorem 4.1's exact symmetry on some CPUs (see
+    :class:`rwinterp.model.SymmetricReadout` for the value side)."""
+
+    @staticmethod
+    def forward(ctx: Any, x_q: Tensor, W: Tensor) -> Tensor:  # x_q [b, q, m], W [h, n, m] -> [b, q, h, n]
+        ctx.save_for_backward(x_q, W)
+        return torch.einsum("bqm,hnm->bqhn", x_q, W)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:
+        x_q, W = ctx.saved_tensors
+        grad_x = torch.einsum("bqhn,hnm->bqm", grad, W)
+        if x_q.shape[1] == 1 and torch.equal(x_q, x_q[:1].expand_as(x_q)):
+            summed = grad[:, 0].permute(1, 2, 0).contiguous().sum(-1)  # [h, n], summed over walks
+            grad_W = summed[:, :, None] * x_q[0, 0][None, None, :]
+        else:
+            grad_W = torch.einsum("bqhn,bqm->hnm", grad, x_q)
+        return grad_x, grad_W
+
+
 class Attention(nn.Module):
     """Multi-head attention with merged (``W``) or factored (``W_Q``, ``W_K``) key-query weights."""
 
@@ -262,6 +290,24 @@ class Attention(nn.Module):
         for name in ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"):
             setattr(self, name, HookPoint())
 
+    def averaged_values(
+        self, pattern: Float[Tensor, "batch H 1 pos"], resid: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch 1 H d_head"]:
+        """``z = (X S) W_V`` per head: the attention-weighted average of the value inputs ``X S``,
+        summed over positions in position order (a cumulative sum), then read out by
+        :class:`rwinterp.model.SymmetricReadout`.
+
+        Equal to ``pattern @ (X W_V)`` in exact arithmetic. That einsum form sums each row of W_V's
+        gradient over a different set of (walk, position) entries, and the round-off this leaves
+        between rows breaks Theorem 4.1's exact symmetry of the deterministic walk on some CPUs. Here
+        equal one-hot token counts are bit-equal and every gradient row is reduced by the same code
+        path. Used in ``query`` mode with token values (``[batch, H, pos, d_token]`` is small)."""
+        x = resid[:, None, :, : self.cfg.d_value_in]  # [b, 1, pos, m]
+        weights = pattern[:, :, 0, :, None]  # [b, H, pos, 1]
+        averaged = (weights * x).cumsum(dim=2)[:, :, -1]  # [b, H, m]
+        z = [SymmetricReadout.apply(averaged[:, h], self.W_V[h].T) for h in range(self.cfg.n_heads)]
+        return torch.stack(z, dim=1)[:, None]
+
     def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch Q d_model"]:
         cfg = self.cfg
         x = (resid / resid.norm(dim=-1, keepdim=True).clamp_min(1e-30) * cfg.token_norm
@@ -269,13 +315,12 @@ class Attention(nn.Module):
         x_q = x if cfg.normalize_query else resid
         x_q = x_q[:, -1:] if cfg.attention == "query" else x_q
         if cfg.key_query == "merged":
-            q = torch.einsum("bqm,hnm->bqhn", x_q, self.W)  # W[h] x_q
+            q = QueryProjection.apply(x_q, self.W)  # W[h] x_q
             k = x[:, :, None, :].expand(-1, -1, cfg.n_heads, -1)
         else:
             q = torch.einsum("bqm,hmd->bqhd", x_q, self.W_Q)
             k = torch.einsum("bpm,hmd->bphd", x, self.W_K)
         q, k = self.hook_q(q), self.hook_k(k)
-        v = self.hook_v(torch.einsum("bpm,hmd->bphd", resid[..., : cfg.d_value_in], self.W_V))
         scores = torch.einsum("bqhd,bphd->bhqp", q, k) / cfg.attn_scale
         if cfg.attention == "causal":
             n = scores.shape[-1]
@@ -283,7 +328,12 @@ class Attention(nn.Module):
             scores = scores.masked_fill(future, float("-inf"))
         scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(torch.softmax(scores, dim=-1))
-        z = self.hook_z(torch.einsum("bhqp,bphd->bqhd", pattern, v))
+        if cfg.attention == "query" and cfg.values == "tokens" and not self.hook_v.has_hooks():
+            z = self.averaged_values(pattern, resid)
+        else:
+            v = self.hook_v(torch.einsum("bpm,hmd->bphd", resid[..., : cfg.d_value_in], self.W_V))
+            z = torch.einsum("bhqp,bphd->bqhd", pattern, v)
+        z = self.hook_z(z)
         return torch.einsum("bqhd,hdm->bqm", z, self.W_O)
 
 

@@ -147,6 +147,10 @@ def test_fig10_diagnostics_recover_the_fruit_margin_line(offset, slope, answers)
     assert fig10.fruit_margin(results) == pytest.approx((offset, slope), abs=1e-12)
     assert fig10.distinct_answers(results) == answers
     assert (fig10.offset_over_effect(results) >= 1) == (answers == 1)
+    # The per-step quantity measures the same ratio on the model it is given.
+    from experiments.spec import StepView
+
+    assert fig10.margin_dominance(StepView(0, model, task, None)) == fig10.offset_over_effect(results)
 
 
 def test_worker_processes_give_the_same_numbers():

@@ -24,9 +24,16 @@ def word_labels(task: type[QATask]) -> list[str]:
     return [w if w is not None else "FRUIT" for w in task.TEMPLATE] + ["?"]
 
 
-def qa_runs(prefix: str, model: dict, train: dict, reduced_steps: int) -> list[RunSpec]:
-    return [RunSpec(f"{prefix}{name}", {"kind": cls.kind}, dict(model), dict(train),
-                    Record(("attention",)), {"train": {"steps": reduced_steps}}) for name, cls in TASKS.items()]
+def qa_runs(prefix: str, model: dict, train: dict, reduced_steps: int,
+            task1_every_step: Sequence[str] = ()) -> list[RunSpec]:
+    """Both tasks' runs; ``task1_every_step``: quantities task 1's run records at every step."""
+    def record(name: str) -> Record:
+        if name == "task1" and task1_every_step:
+            return Record(("attention", *task1_every_step), at=None)
+        return Record(("attention",))
+
+    return [RunSpec(f"{prefix}{name}", {"kind": cls.kind}, dict(model), dict(train), record(name),
+                    {"train": {"steps": reduced_steps}}) for name, cls in TASKS.items()]
 
 
 def same_bag_of_words(task: QATask) -> bool:
@@ -65,11 +72,14 @@ def qa_claims(prefix: str, setting: str, note1: str = "", note2: str = "", reduc
 
 def qa_figure(fig_id: str, title: str, model: dict, train: dict, claims_note: str = "",
               readings: Optional[list[tuple[str, str, dict, dict, str, bool]]] = None,
-              extra_claims: Sequence[Claim] = ()) -> FigureSpec:
+              extra_claims: Sequence[Claim] = (), extra_panels: Sequence[Panel] = (),
+              task1_every_step: Sequence[str] = (), caption_note: str = "") -> FigureSpec:
     """``readings``: (prefix, description, model, train, note, reproduces) of alternative settings to
     run too; ``reproduces`` says whether the reading is expected to give the paper's picture (if not,
-    the claim checked is that task 1 is not learned). ``extra_claims`` are appended (diagnostics)."""
-    runs = qa_runs("", model, train, 30)
+    the claim checked is that task 1 is not learned). ``extra_claims`` and ``extra_panels`` are
+    appended (diagnostics); ``task1_every_step`` names quantities every task 1 run records at each step;
+    ``caption_note`` is added to the caption."""
+    runs = qa_runs("", model, train, 30, task1_every_step)
     claims = qa_claims("", "the paper's setting", claims_note, reduced=not readings)
     panels = []
     for name, cls in TASKS.items():
@@ -83,7 +93,7 @@ def qa_figure(fig_id: str, title: str, model: dict, train: dict, claims_note: st
                   xlabel="", ylabel="attention", options={"xticklabels": word_labels(cls), "rotation": 90}),
         ]
     for prefix, desc, r_model, r_train, note, reproduces in readings or []:
-        runs += qa_runs(prefix, r_model, r_train, 100)
+        runs += qa_runs(prefix, r_model, r_train, 100, task1_every_step)
         claims += qa_claims(prefix, desc, note, note, reduced=False, reproduces=reproduces)
     claims += [
         Claim("task 2's two sentences have the same bag of words (so near-uniform attention cannot separate them)",
@@ -92,11 +102,13 @@ def qa_figure(fig_id: str, title: str, model: dict, train: dict, claims_note: st
               Computed(lambda r: bag_decides(QAMajority())), is_true(), reduced=True),
         *extra_claims,
     ]
+    panels += list(extra_panels)
     return FigureSpec(
         id=fig_id, title=title,
         caption=("Task 1 (which fruit is the majority of five) is learned to 100%: its answer is decided by the "
                  "bag of words. Task 2 (I prefer an A to an B) stays at 50%: both of its sentences have the same "
                  "bag of words, so a model that averages tokens cannot tell them apart, like the deterministic "
-                 "walk. Bars: mean attention of the query slot on each word (FRUIT = a fruit slot)."),
-        runs=runs, panels=panels, claims=claims, layout=(1, 4), reduced=REDUCED, panel_size=(4.2, 3.4),
+                 "walk. Bars: mean attention of the query slot on each word (FRUIT = a fruit slot)."
+                 + (" " + caption_note if caption_note else "")),
+        runs=runs, panels=panels, claims=claims, layout=(1, len(panels)), reduced=REDUCED, panel_size=(4.2, 3.4),
     )

@@ -5,8 +5,8 @@ sentences, loss -log(f_y + eps). Under it the model inflates the scores of both 
 loss rewards a large f_y and never penalises the other scores), so task 1 is not learned. Two
 diagnostic claims measure that on the trained model: it gives one answer to all 32 lists, and the
 fruit margin ``f_apple - f_orange`` is a line in the apple count whose offset outweighs the change
-the count makes. Softmax cross-entropy with lr 1 is run as an alternative reading: it reproduces
-the paper's picture.
+the count makes; a panel follows that ratio over training. Softmax cross-entropy with lr 1 is run as
+an alternative reading: it reproduces the paper's picture, and there the ratio falls below 1.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from experiments.spec import Claim, Computed, Results, at_least, at_most
+from experiments.spec import Claim, Computed, Final, History, Panel, Results, StepView, at_least, at_most, quantity
 from experiments.specs._qa import QA_MODEL, qa_figure
 from rwinterp.model import predict
 from rwinterp.qa import token_of
@@ -29,27 +29,36 @@ NOTE = ("The stated loss -log(f_y + eps) rewards a large f_y and never penalises
         "alternative reading).")
 
 
+def list_scores(model, task) -> torch.Tensor:
+    """The model's scores ``[32, K]`` on the 32 lists of task 1."""
+    with torch.no_grad():
+        return model(task.population().tokens)[:, -1, :].to(torch.float64)
+
+
 def population_scores(results: Results, run: str = "task1") -> torch.Tensor:
-    """The trained model's scores ``[32, K]`` on the 32 lists of task 1 (computed once per run)."""
+    """The trained model's scores on the 32 lists of task 1 (computed once per run)."""
     r = results[run]
+    return r.memo("population_scores", lambda: list_scores(r.model, r.task))
 
-    def compute() -> torch.Tensor:
-        with torch.no_grad():
-            return r.model(r.task.population().tokens)[:, -1, :].to(torch.float64)
 
-    return r.memo("population_scores", compute)
+def margin_line(scores: torch.Tensor, task) -> tuple[float, float]:
+    """Least-squares line of ``f_apple - f_orange`` against the number of apples over the 32 lists of
+    task 1 (``scores`` from :func:`list_scores`): (its value at 2.5 apples, the offset; its slope per apple)."""
+    margin = (scores[:, token_of("apple")] - scores[:, token_of("orange")]).numpy()
+    slots = list(task.parent_positions())
+    apples = (task.population().tokens[:, slots] == token_of("apple")).sum(-1).numpy().astype(float)
+    slope, offset = np.polyfit(apples - 2.5, margin, 1)
+    return float(offset), float(slope)
+
+
+def dominance(offset: float, slope: float) -> float:
+    """``|offset| / (2.5 |slope|)``: above 1, the apple count cannot flip the sign of the fruit margin."""
+    return abs(offset) / max(2.5 * abs(slope), 1e-300)
 
 
 def fruit_margin(results: Results, run: str = "task1") -> tuple[float, float]:
-    """Least-squares line of ``f_apple - f_orange`` against the number of apples over the 32 lists of
-    task 1: (its value at 2.5 apples, the offset; its slope per apple)."""
-    r = results[run]
-    scores = population_scores(results, run)
-    margin = (scores[:, token_of("apple")] - scores[:, token_of("orange")]).numpy()
-    slots = list(r.task.parent_positions())
-    apples = (r.task.population().tokens[:, slots] == token_of("apple")).sum(-1).numpy().astype(float)
-    slope, offset = np.polyfit(apples - 2.5, margin, 1)
-    return float(offset), float(slope)
+    """:func:`margin_line` of the trained model of ``run``."""
+    return margin_line(population_scores(results, run), results[run].task)
 
 
 def distinct_answers(results: Results, run: str = "task1") -> int:
@@ -58,9 +67,14 @@ def distinct_answers(results: Results, run: str = "task1") -> int:
 
 
 def offset_over_effect(results: Results) -> float:
-    """``|offset| / (2.5 |slope|)``: above 1, the apple count cannot flip the sign of the fruit margin."""
-    offset, slope = fruit_margin(results)
-    return abs(offset) / max(2.5 * abs(slope), 1e-300)
+    """:func:`dominance` of the trained model's fruit margin."""
+    return dominance(*fruit_margin(results))
+
+
+@quantity("margin_dominance")
+def margin_dominance(view: StepView) -> float:
+    """:func:`dominance` of the fruit margin's line at this step (task 1 only)."""
+    return dominance(*margin_line(list_scores(view.model, view.task), view.task))
 
 
 DIAGNOSTICS = [
@@ -72,11 +86,23 @@ DIAGNOSTICS = [
           Computed(offset_over_effect), at_least(1.0),
           note="a least-squares line over the 32 lists; below 1 the count could decide the answer, as it must "
                "for 100%"),
+    Claim("[softmax cross-entropy] the same ratio falls below 1 once task 1 is learned",
+          Final("xent_task1", "margin_dominance"), at_most(1.0),
+          note="checks that the diagnostic tells a model that learned task 1 from one that did not"),
 ]
 
 SPEC = qa_figure(
     "10", "question answering with an FC+ReLU layer (m = 19)", MODEL, TRAIN, claims_note=NOTE,
     readings=[("xent_", "softmax cross-entropy, lr 1", MODEL, {**TRAIN, "loss": "xent", "lr": 1.0},
                "not the paper's stated loss: an alternative reading under which Fig 10 reproduces", True)],
-    extra_claims=DIAGNOSTICS,
+    extra_claims=DIAGNOSTICS, task1_every_step=("margin_dominance",),
+    caption_note=("Here task 1 is learned only under softmax cross-entropy (orange); under the stated loss (blue) the "
+                  "model gives one answer to every list. Last panel: how far the fruit margin's offset outweighs "
+                  "what the apple count changes; above 1 the count cannot flip the answer. It grows under the "
+                  "stated loss and falls below 1 under cross-entropy at the step task 1 is learned."),
+    extra_panels=[Panel(
+        "line", "task 1: fruit margin's offset / count effect",
+        series={"paper's setting": History("task1", "margin_dominance"),
+                "softmax cross-entropy, lr 1": History("xent_task1", "margin_dominance")},
+        xlabel="step", ylabel="|offset| / (2.5 |slope|)", logy=True, ref={"the count decides below 1": 1.0})],
 )
