@@ -32,6 +32,18 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one), else the machine type."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def markdown(rep: Any) -> str:
     claims = rep.claims
     held = sum(c.holds for c in claims)
@@ -40,11 +52,12 @@ def markdown(rep: Any) -> str:
         "",
         f"{held} of {len(claims)} claims hold"
         + (" (REDUCED MODE: small sizes, claims not expected to hold)" if rep.reduced else "") + ".",
-        f"Total time {rep.seconds:.1f} s on {platform.machine()} with {os.cpu_count()} CPUs, "
+        f"Total time {rep.seconds:.1f} s on {platform.machine()} ({cpu_name()}) with {os.cpu_count()} CPUs, "
         f"{rep.jobs} training process{'es' if rep.jobs > 1 else ''}"
         + (f" (load average at start: {rep.load[0]:.2f} over 1 min, {rep.load[1]:.2f} over 5 min)."
            if rep.load else "."),
-        "Regenerate with `rwinterp reproduce all --out DIR`; the same seeds give the same numbers.",
+        "Regenerate with `rwinterp reproduce all --out DIR`; the same seeds give the same numbers on the same "
+        "CPU (another CPU's arithmetic kernels can change the last digits of some values).",
         "",
         "## Every claim",
         "",
