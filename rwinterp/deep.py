@@ -222,8 +222,8 @@ class DeepConfig(LibraryConfig):
         return (f"deep {self.n_layers} layer(s) x {self.n_heads} head(s), K={self.n_states} N={self.n_ctx} "
                 f"d_model={self.d_model} d_head={self.d_head}, positions {pos}, tokens {self.token_embedding}, "
                 f"{self.key_query} QK / {self.attn_scale:g}, values {self.values}, readout {self.readout}, "
-                f"residual {'on' if self.residual else 'off'}, {self.attention} attention{mlp}, init {self.init_label()}, "
-                f"{dtype_name(self.dtype)}")
+                f"residual {'on' if self.residual else 'off'}, {self.attention} attention{mlp}, "
+                f"init {self.init_label()}, {dtype_name(self.dtype)}")
 
 
 def standard_options(d_model: int, **overrides: Any) -> dict[str, Any]:
@@ -259,9 +259,9 @@ class QueryProjection(torch.autograd.Function):
         return torch.einsum("bqm,hnm->bqhn", x_q, W)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], Tensor]:
         x_q, W = ctx.saved_tensors
-        grad_x = torch.einsum("bqhn,hnm->bqm", grad, W)
+        grad_x = torch.einsum("bqhn,hnm->bqm", grad, W) if ctx.needs_input_grad[0] else None
         if x_q.shape[1] == 1 and torch.equal(x_q, x_q[:1].expand_as(x_q)):
             summed = grad[:, 0].permute(1, 2, 0).contiguous().sum(-1)  # [h, n], summed over walks
             grad_W = summed[:, :, None] * x_q[0, 0][None, None, :]

@@ -87,7 +87,8 @@ def test_cli_normalisation_and_reduction_reach_the_run(tmp_path, capsys):
     assert main(["train", *SMALL, *flags, "--json", "--out", str(tmp_path / "run")]) == 0
     data = json.loads(capsys.readouterr().out)
     run = load_run(tmp_path / "run")
-    assert (run.model.cfg.normalize_tokens, run.model.cfg.normalize_query, run.model.cfg.token_norm) == (True, False, 3.0)
+    cfg = run.model.cfg
+    assert (cfg.normalize_tokens, cfg.normalize_query, cfg.token_norm) == (True, False, 3.0)
     assert data["train"]["reduction"] == "sum"
     task = CircleWalk(5, 0.5, 9)
     model = paper_model(task, pos_dim=16, init="gaussian", normalize_tokens=True, normalize_query=False,
