@@ -129,7 +129,7 @@ def test_fig10_diagnostics_recover_the_fruit_margin_line(offset, slope, answers)
     line is recovered, and one answer is given to every list exactly when |offset| > 2.5 |slope|."""
     import torch
 
-    from experiments.spec import RunResult
+    from experiments.spec import RunResult, StepView
     from experiments.specs import fig10
     from rwinterp.qa import QAMajority
 
@@ -144,13 +144,12 @@ def test_fig10_diagnostics_recover_the_fruit_margin_line(offset, slope, answers)
         return scores
 
     results = Results({"task1": RunResult(None, [], {}, model=model, task=task)})
-    assert fig10.fruit_margin(results) == pytest.approx((offset, slope), abs=1e-12)
+    assert fig10.margin_line(fig10.list_scores(model, task), task) == pytest.approx((offset, slope), abs=1e-12)
     assert fig10.distinct_answers(results) == answers
-    assert (fig10.offset_over_effect(results) >= 1) == (answers == 1)
-    # The per-step quantity measures the same ratio on the model it is given.
-    from experiments.spec import StepView
-
-    assert fig10.margin_dominance(StepView(0, model, task, None)) == fig10.offset_over_effect(results)
+    # The per-step quantity (the claim reads its last value) is above 1 exactly when one answer is given.
+    dominance = fig10.margin_dominance(StepView(0, model, task, None))
+    assert dominance == pytest.approx(abs(offset) / (2.5 * slope), rel=1e-9)
+    assert (dominance >= 1) == (answers == 1)
 
 
 def test_worker_processes_give_the_same_numbers():

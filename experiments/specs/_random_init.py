@@ -113,8 +113,13 @@ def reading_named(name: str) -> Reading:
     return next(r for r in READINGS if r.name == name)
 
 
+def p_tag(p: float) -> str:
+    """``p05`` or ``p1``: the p part of a run name."""
+    return f"p{'05' if p == 0.5 else '1'}"
+
+
 def run_name(reading: Reading, p: float) -> str:
-    return f"{reading.name}_p{'05' if p == 0.5 else '1'}"
+    return f"{reading.name}_{p_tag(p)}"
 
 
 def make_run(reading: Reading, p: float) -> RunSpec:
@@ -163,7 +168,7 @@ class Sweep:
     ps: tuple[float, ...] = (0.5,)
 
     def run_name(self, value: float, p: float) -> str:
-        return f"{self.key}{value:g}_p{'05' if p == 0.5 else '1'}"
+        return f"{self.key}{value:g}_{p_tag(p)}"
 
     def runs(self) -> list[RunSpec]:
         out = []

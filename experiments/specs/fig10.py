@@ -35,12 +35,6 @@ def list_scores(model, task) -> torch.Tensor:
         return model(task.population().tokens)[:, -1, :].to(torch.float64)
 
 
-def population_scores(results: Results, run: str = "task1") -> torch.Tensor:
-    """The trained model's scores on the 32 lists of task 1 (computed once per run)."""
-    r = results[run]
-    return r.memo("population_scores", lambda: list_scores(r.model, r.task))
-
-
 def margin_line(scores: torch.Tensor, task) -> tuple[float, float]:
     """Least-squares line of ``f_apple - f_orange`` against the number of apples over the 32 lists of
     task 1 (``scores`` from :func:`list_scores`): (its value at 2.5 apples, the offset; its slope per apple)."""
@@ -56,19 +50,10 @@ def dominance(offset: float, slope: float) -> float:
     return abs(offset) / max(2.5 * abs(slope), 1e-300)
 
 
-def fruit_margin(results: Results, run: str = "task1") -> tuple[float, float]:
-    """:func:`margin_line` of the trained model of ``run``."""
-    return margin_line(population_scores(results, run), results[run].task)
-
-
 def distinct_answers(results: Results, run: str = "task1") -> int:
     """How many different answers the trained model gives over the 32 lists of task 1."""
-    return len(set(predict(population_scores(results, run)).tolist()))
-
-
-def offset_over_effect(results: Results) -> float:
-    """:func:`dominance` of the trained model's fruit margin."""
-    return dominance(*fruit_margin(results))
+    r = results[run]
+    return len(set(predict(list_scores(r.model, r.task)).tolist()))
 
 
 @quantity("margin_dominance")
@@ -83,7 +68,7 @@ DIAGNOSTICS = [
           note="measured: the number of distinct answers over the 32 lists (2 would be needed)"),
     Claim("[the paper's setting] why: the fruit margin f_apple - f_orange is a line in the apple count whose "
           "offset (at 2.5 apples) outweighs what 2.5 apples more or fewer change: |offset| / (2.5 |slope|)",
-          Computed(offset_over_effect), at_least(1.0),
+          Final("task1", "margin_dominance"), at_least(1.0),
           note="a least-squares line over the 32 lists; below 1 the count could decide the answer, as it must "
                "for 100%"),
     Claim("[softmax cross-entropy] the same ratio falls below 1 once task 1 is learned",
