@@ -57,7 +57,8 @@ def _line(ax: Any, panel: Panel, results: Results) -> str:
             ax.set_ylim(0, 1)
             ax.set_yticks([0, 1e-16, 1e-8, 1])
     if len(panel.series) + len(panel.ref) > 1 or panel.options.get("legend"):
-        ax.legend(fontsize=7, loc=panel.options.get("legend_loc", "best"))
+        ax.legend(fontsize=7, loc=panel.options.get("legend_loc", "best"),
+                  ncol=panel.options.get("legend_columns", 1))
     return ""
 
 

@@ -55,9 +55,10 @@ def print_json(obj: Any) -> None:
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("task and model (PAPER.md sections 1-2)")
     g.add_argument("--K", type=int, default=None, help="number of nodes on the circle (default 6)")
-    g.add_argument("--N", type=int, default=97, help="positions per sample, query slot included (default 97)")
+    g.add_argument("--N", type=int, default=None, help="positions per sample, query slot included (default 97)")
     g.add_argument("--M", type=int, default=1000, help="positional embedding dimension (default 1000)")
-    g.add_argument("--p", type=float, default=0.5, help="probability of a +1 step (default 0.5)")
+    g.add_argument("--p", type=float, default=None,
+                   help="probability of a +1 step (default 0.5; --task circle and lazy)")
     g.add_argument("--pe", choices=["orthogonal", "sine", "learned"], default=None,
                    help="positional embeddings: orthogonal or sine (fixed, squared norm M/2; default "
                         "orthogonal) or learned (--model deep)")
@@ -74,15 +75,19 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=["float32", "float64"], default="float64", help="default float64")
 
 
-#: Options of ``--task`` (rwinterp.chains), and which of the task options each one reads.
+#: Options of ``--task`` (rwinterp.chains, rwinterp.qa), and which of the task options each one reads
+#: (the QA tasks fix their vocabulary, K = 19, and their sentence length).
 TASK_OPTIONS = {
-    "circle": (),
-    "lazy": ("stay", "start"),
-    "torus": ("rows", "cols", "stay", "start"),
-    "regular": ("degree", "graph_seed", "stay", "start"),
-    "persistent": ("q",),
-    "random-order": ("order", "concentration", "chain_seed"),
+    "circle": ("K", "N", "p"),
+    "lazy": ("K", "N", "p", "stay", "start"),
+    "torus": ("K", "N", "rows", "cols", "stay", "start"),
+    "regular": ("K", "N", "degree", "graph_seed", "stay", "start"),
+    "persistent": ("K", "N", "q"),
+    "random-order": ("K", "N", "order", "concentration", "chain_seed"),
+    "qa-majority": (),
+    "qa-order": (),
 }
+_OPTION_NAMES = tuple(dict.fromkeys(name for names in TASK_OPTIONS.values() for name in names))
 
 #: ``--model deep`` options and the :class:`rwinterp.deep.DeepConfig` fields they set.
 DEEP_OPTIONS = {
@@ -94,11 +99,12 @@ DEEP_OPTIONS = {
 
 
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("other Markov chains (rwinterp.chains)")
+    g = parser.add_argument_group("other tasks: Markov chains (rwinterp.chains) and the QA tasks (rwinterp.qa)")
     g.add_argument("--task", choices=list(TASK_OPTIONS), default="circle",
                    help="circle (the paper's), lazy (circle walk that may stay put), torus (grid walk), "
                         "regular (random regular graph), persistent (2nd-order circle walk with momentum), "
-                        "random-order (random k-th order chain); default circle")
+                        "random-order (random k-th order chain), qa-majority and qa-order (the paper's "
+                        "question-answering tasks 1 and 2, section 4); default circle")
     g.add_argument("--stay", type=float, default=None, help="probability of staying put (lazy: default 0.5)")
     g.add_argument("--rows", type=int, default=None, help="torus rows (K = rows * cols)")
     g.add_argument("--cols", type=int, default=None, help="torus columns")
@@ -165,7 +171,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                    help="train on next-state prediction at every position (causal deep models)")
 
 
-@command("train", "train the paper's model (or a deeper one) on random walks on a circle (or other chains)")
+@command("train", "train the paper's model (or a deeper one) on random walks on a circle (or other chains, or "
+                  "the paper's QA tasks)")
 def _train_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     add_model_arguments(parser)
     add_task_arguments(parser)
@@ -198,35 +205,39 @@ def make_task(args: argparse.Namespace) -> Any:
     """The task that ``rwinterp train`` options describe."""
     from rwinterp.tasks import CircleWalk
 
-    for name in ("stay", "rows", "cols", "degree", "graph_seed", "q", "order", "concentration", "chain_seed",
-                 "start"):
+    for name in _OPTION_NAMES:
         if getattr(args, name) is not None and name not in TASK_OPTIONS[args.task]:
             raise RwinterpError(f"--{name.replace('_', '-')} does not apply to --task {args.task}")
-    K = 6 if args.K is None else args.K
-    if args.task == "circle":
-        return CircleWalk(K, args.p, args.N)
-    from rwinterp import chains
 
     def opt(name: str, default: Any) -> Any:
         value = getattr(args, name)
         return default if value is None else value
 
+    if args.task.startswith("qa-"):
+        from rwinterp.qa import QAMajority, QAOrder
+
+        return QAMajority() if args.task == "qa-majority" else QAOrder()
+    K, N, p = opt("K", 6), opt("N", 97), opt("p", 0.5)
+    if args.task == "circle":
+        return CircleWalk(K, p, N)
+    from rwinterp import chains
+
     if args.task == "lazy":
-        return chains.LazyWalk(K, args.p, opt("stay", 0.5), args.N, _start(args.start, K))
+        return chains.LazyWalk(K, p, opt("stay", 0.5), N, _start(args.start, K))
     if args.task == "torus":
         if args.rows is None or args.cols is None:
             raise RwinterpError("--task torus needs --rows and --cols")
         if args.K is not None and args.K != args.rows * args.cols:
             raise RwinterpError(f"a {args.rows} x {args.cols} torus has K = {args.rows * args.cols} states, "
                                 f"not {args.K}")
-        return chains.TorusWalk(args.rows, args.cols, args.N, opt("stay", 0.0),
+        return chains.TorusWalk(args.rows, args.cols, N, opt("stay", 0.0),
                                 _start(args.start, args.rows * args.cols))
     if args.task == "regular":
-        return chains.RegularGraphWalk(K, opt("degree", 3), args.N, opt("graph_seed", 0), opt("stay", 0.0),
+        return chains.RegularGraphWalk(K, opt("degree", 3), N, opt("graph_seed", 0), opt("stay", 0.0),
                                        _start(args.start, K))
     if args.task == "persistent":
-        return chains.PersistentWalk(K, opt("q", 0.8), args.N)
-    return chains.RandomOrderChain(K, opt("order", 2), args.N, opt("concentration", 1.0), opt("chain_seed", 0))
+        return chains.PersistentWalk(K, opt("q", 0.8), N)
+    return chains.RandomOrderChain(K, opt("order", 2), N, opt("concentration", 1.0), opt("chain_seed", 0))
 
 
 def _normalisation(args: argparse.Namespace) -> dict[str, Any]:
@@ -329,9 +340,11 @@ def _train(args: argparse.Namespace) -> int:
     for layer, heads in enumerate(summary.get("parent_attention_heads", [])):
         print(f"   layer {layer}: " + "  ".join(f"head {h} {a:.4f}" for h, a in enumerate(heads)))
     vd = summary["v_distance"]
-    print(f"V vs Pi^T   ||V/||V|| - Pi^T/||Pi^T|| ||_F = {'n/a' if vd is None else f'{vd:.4f}'}")
+    if vd is not None:  # only the paper's model on a Markov chain has a V to compare with Pi^T
+        print(f"V vs Pi^T   ||V/||V|| - Pi^T/||Pi^T|| ||_F = {vd:.4f}")
     if V is not None:
-        print("V (f = V X S; a trained V approaches Pi^T):")
+        form = "A ReLU(V X S)" if args.model == "paper" and cfg.mlp_width is not None else "V X S"
+        print(f"V (f = {form}{'; a trained V approaches Pi^T' if vd is not None else ''}):")
         for row in V:
             print("   " + " ".join(f"{x:8.3f}" for x in row))
     if args.out:

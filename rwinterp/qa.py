@@ -90,6 +90,9 @@ class QATask(Task):
         """The words of one sample (the query slot shown as ``?``)."""
         return " ".join("?" if int(t) == self.query_token else VOCAB[int(t)] for t in tokens)
 
+    def population_size(self) -> int:
+        return len(self.assignments())
+
     def population(self) -> Batch:
         rows, labels = [], []
         for fruits in self.assignments():

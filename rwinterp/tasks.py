@@ -127,6 +127,10 @@ class Task(ABC):
         """``n`` independent samples; the same seed gives the same samples."""
 
     @abstractmethod
+    def population_size(self) -> int:
+        """How many samples :meth:`population` holds (checked before enumerating them)."""
+
+    @abstractmethod
     def population(self) -> Batch:
         """Every sample of non-zero probability, with its probability as weight."""
 

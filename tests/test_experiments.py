@@ -152,6 +152,23 @@ def test_fig10_diagnostics_recover_the_fruit_margin_line(offset, slope, answers)
     assert (dominance >= 1) == (answers == 1)
 
 
+def test_fig10_seed_and_variant_counts_tell_ending_at_100_from_passing_through():
+    from experiments.spec import RunResult
+    from experiments.specs import fig10
+
+    def run(*accs):
+        return RunResult(None, [{"step": i, "test_accuracy": a} for i, a in enumerate(accs)], {})
+
+    results = Results({"through": run(0.5, 1.0, 1.0, 0.48), "ends": run(0.5, 0.9, 1.0), "never": run(0.5, 0.99)})
+    assert fig10.ending_at_one(results, ["through", "ends", "never"]) == 1
+    assert fig10.passing_through_one(results, ["through", "ends", "never"]) == 1
+    assert fig10.passing_through_one(results, ["ends", "never"]) == 0
+    # Every seed and variant is a run of the figure, under its own name, with seed 0 the main run.
+    names = {r.name for r in fig10.SPEC.runs}
+    assert {fig10.seed_run(s) for s in fig10.SEEDS} | {fig10.variant_run(v) for v in fig10.VARIANTS} <= names
+    assert fig10.seed_run(0) == "task1" and len(names) == len(fig10.SPEC.runs)
+
+
 def test_worker_processes_give_the_same_numbers():
     """Runs trained in two worker processes give the same histories and recorded quantities as one
     process (Fig 13 records quantities that its spec module registers: the workers must know them too)."""

@@ -26,7 +26,7 @@ def test_vocabulary_is_the_papers_in_order():
 def test_task1_has_32_equally_likely_lists_with_majority_labels():
     task = QAMajority()
     pop = task.population()
-    assert task.seq_len == 17 and pop.tokens.shape == (32, 17)
+    assert task.seq_len == 17 and pop.tokens.shape == (32, 17) and task.population_size() == 32
     assert torch.allclose(pop.weights, torch.full((32,), 1 / 32, dtype=torch.float64))
     fruit_lists = {tuple(row[4:9].tolist()) for row in pop.tokens}
     assert fruit_lists == set(itertools.product((0, 1), repeat=5))
@@ -44,7 +44,7 @@ def test_task1_has_32_equally_likely_lists_with_majority_labels():
 def test_task2_has_two_sentences_labelled_with_the_preferred_fruit():
     task = QAOrder()
     pop = task.population()
-    assert task.seq_len == 19 and pop.tokens.shape == (2, 19)
+    assert task.seq_len == 19 and pop.tokens.shape == (2, 19) and task.population_size() == 2
     sentences = {task.decode(row): VOCAB[int(label)] for row, label in zip(pop.tokens, pop.labels)}
     assert sentences == {
         "Based on the sentence I prefer an apple to an orange which type of fruit do I prefer ?": "apple",

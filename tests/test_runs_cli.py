@@ -102,6 +102,43 @@ def test_cli_normalisation_and_reduction_reach_the_run(tmp_path, capsys):
     assert "init=gaussian(0.01), x~ normalised to length 3 (keys only)" in text and "loss=log (summed)" in text
 
 
+def test_cli_trains_the_qa_tasks_as_the_library_does(capsys):
+    """``--task qa-majority`` / ``qa-order`` are the paper's QA tasks (K = 19, N = 17 / 19), trained exactly as
+    the library trains them; options of the walks do not apply to them."""
+    from rwinterp.qa import QAMajority
+
+    flags = ["--init", "gaussian", "--normalize-tokens", "--mlp-width", "7", "--M", "40", "--steps", "4",
+             "--n-train", "64", "--n-test", "64", "--loss", "xent"]
+    assert main(["train", "--task", "qa-majority", *flags, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["task"] == {"kind": "qa_majority"} and data["bayes_accuracy"] == 1.0
+    assert (data["model"]["n_states"], data["model"]["n_ctx"], data["model"]["mlp_width"]) == (19, 17, 7)
+    task = QAMajority()
+    model = paper_model(task, pos_dim=40, init="gaussian", normalize_tokens=True, mlp_width=7)
+    result = train(model, task, TrainConfig(steps=4, n_train=64, n_test=64, loss="xent"), progress=False)
+    assert result.history == data["history"]
+    assert main(["train", "--task", "qa-order", *flags, "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "task        qa_order()" in text and "K=19 N=19" in text and "f = A ReLU(V X S)" in text
+    assert "Pi^T" not in text  # no transition matrix to compare V with
+    # Population mode trains on the two sentences of task 2 with weight 1/2 each: a model that averages
+    # tokens (zero init: uniform attention) cannot tell them apart and is exactly at chance.
+    assert main(["train", "--task", "qa-order", "--M", "40", "--steps", "2", "--population", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["train"]["population"] and data["test_accuracy"] == 0.5
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "qa-order", "--K", "5"], "--K does not apply to --task qa-order"),
+    (["--task", "qa-majority", "--N", "9"], "--N does not apply to --task qa-majority"),
+    (["--task", "persistent", "--p", "0.7"], "--p does not apply to --task persistent"),
+])
+def test_cli_options_that_a_task_does_not_read_are_refused(args, message, capsys):
+    assert main(["train", "--steps", "1", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
 def test_cli_diverging_loss(capsys):
     code = main(["train", *SMALL, "--lr", "1e200", "--loss", "squared", "--population"])
     err = capsys.readouterr().err

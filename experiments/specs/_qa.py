@@ -73,23 +73,24 @@ def qa_claims(prefix: str, setting: str, note1: str = "", note2: str = "", reduc
 def qa_figure(fig_id: str, title: str, model: dict, train: dict, claims_note: str = "",
               readings: Optional[list[tuple[str, str, dict, dict, str, bool]]] = None,
               extra_claims: Sequence[Claim] = (), extra_panels: Sequence[Panel] = (),
-              task1_every_step: Sequence[str] = (), caption_note: str = "") -> FigureSpec:
+              extra_runs: Sequence[RunSpec] = (), task1_every_step: Sequence[str] = (),
+              caption_note: str = "") -> FigureSpec:
     """``readings``: (prefix, description, model, train, note, reproduces) of alternative settings to
     run too; ``reproduces`` says whether the reading is expected to give the paper's picture (if not,
-    the claim checked is that task 1 is not learned). ``extra_claims`` and ``extra_panels`` are
-    appended (diagnostics); ``task1_every_step`` names quantities every task 1 run records at each step;
-    ``caption_note`` is added to the caption."""
+    the claim checked is that task 1 is not learned). ``extra_claims``, ``extra_panels`` and the
+    ``extra_runs`` they read are appended (diagnostics); ``task1_every_step`` names quantities every
+    task 1 run records at each step; ``caption_note`` is added to the caption."""
     runs = qa_runs("", model, train, 30, task1_every_step)
     claims = qa_claims("", "the paper's setting", claims_note, reduced=not readings)
     panels = []
-    for name, cls in TASKS.items():
+    for i, (name, cls) in enumerate(TASKS.items()):
         series = {"paper's setting": History(name, "test_accuracy")}
         for prefix, desc, *_ in readings or []:
             series[desc] = History(f"{prefix}{name}", "test_accuracy")
         panels += [
-            Panel("line", f"task {name[-1]}: test accuracy", series=series, xlabel="step", ylabel="accuracy",
-                  ylim=(-0.02, 1.05), ref={"chance 1/2": 0.5}),
-            Panel("bar", f"task {name[-1]}: mean attention by word", data=Final(name, "attention"),
+            Panel("line", f"({'ac'[i]}) task {name[-1]}: test accuracy", series=series, xlabel="step",
+                  ylabel="accuracy", ylim=(-0.02, 1.05), ref={"chance 1/2": 0.5}),
+            Panel("bar", f"({'bd'[i]}) task {name[-1]}: mean attention by word", data=Final(name, "attention"),
                   xlabel="", ylabel="attention", options={"xticklabels": word_labels(cls), "rotation": 90}),
         ]
     for prefix, desc, r_model, r_train, note, reproduces in readings or []:
@@ -103,6 +104,8 @@ def qa_figure(fig_id: str, title: str, model: dict, train: dict, claims_note: st
         *extra_claims,
     ]
     panels += list(extra_panels)
+    runs += list(extra_runs)
+    cols = min(len(panels), 4)
     return FigureSpec(
         id=fig_id, title=title,
         caption=("Task 1 (which fruit is the majority of five) is learned to 100%: its answer is decided by the "
@@ -110,5 +113,6 @@ def qa_figure(fig_id: str, title: str, model: dict, train: dict, claims_note: st
                  "bag of words, so a model that averages tokens cannot tell them apart, like the deterministic "
                  "walk. Bars: mean attention of the query slot on each word (FRUIT = a fruit slot)."
                  + (" " + caption_note if caption_note else "")),
-        runs=runs, panels=panels, claims=claims, layout=(1, len(panels)), reduced=REDUCED, panel_size=(4.2, 3.4),
+        runs=runs, panels=panels, claims=claims, layout=(-(-len(panels) // cols), cols), reduced=REDUCED,
+        panel_size=(4.2, 3.4),
     )
