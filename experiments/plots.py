@@ -93,10 +93,10 @@ def _heatmap(ax: Any, panel: Panel, results: Results) -> str:
                 ax.text(j + 0.5, i + 0.5, format(v, fmt), ha="center", va="center", fontsize=6,
                         color="white" if dark else "black")
     labels = panel.options.get("ticklabels", [str(i + 1) for i in range(max(matrix.shape))])
-    for axis, n in ((ax.xaxis, cols), (ax.yaxis, rows)):
+    for axis, n, which in ((ax.xaxis, cols, "xticklabels"), (ax.yaxis, rows, "yticklabels")):
         if 1 < n <= 40:
             axis.set_ticks(np.arange(n) + 0.5)
-            axis.set_ticklabels(labels[:n])
+            axis.set_ticklabels(panel.options.get(which, labels)[:n])
         else:
             axis.set_ticks([])
     ax.set_aspect("equal" if rows > 1 and max(rows, cols) / min(rows, cols) < 4 else "auto")

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _fmt(x: Any) -> str:
+def format_measured(x: Any) -> str:
+    """A measured value as the report shows it (4 significant digits, yes/no, n/a for none)."""
     if x is None:
         return "n/a"
     if isinstance(x, bool):
@@ -67,7 +68,7 @@ def markdown(rep: Any) -> str:
     for fig in rep.figures:
         link = f"[{fig.spec.id}]({fig.image})" if fig.image else fig.spec.id
         for c in fig.claims:
-            lines.append(f"| {link} | {_cell(c.claim)} | {_cell(c.expected)} | {_cell(_fmt(c.measured))} | "
+            lines.append(f"| {link} | {_cell(c.claim)} | {_cell(c.expected)} | {_cell(format_measured(c.measured))} | "
                          f"{'**yes**' if c.holds else '**NO**'} |")
     for fig in rep.figures:
         spec = fig.spec
@@ -81,7 +82,7 @@ def markdown(rep: Any) -> str:
         if fig.claims:
             lines += ["| claim | expected | measured | holds | note |", "|---|---|---|---|---|"]
             for c in fig.claims:
-                lines.append(f"| {_cell(c.claim)} | {_cell(c.expected)} | {_cell(_fmt(c.measured))} | "
+                lines.append(f"| {_cell(c.claim)} | {_cell(c.expected)} | {_cell(format_measured(c.measured))} | "
                              f"{'yes' if c.holds else '**NO**'} | {_cell(c.note)} |")
         lines.append(f"\n({fig.seconds:.1f} s to evaluate and draw)")
     lines += ["", "## Runs", "", "| run (figure:name) | task | seconds | test accuracy | error |",
@@ -89,7 +90,8 @@ def markdown(rep: Any) -> str:
     for r in rep.runs:
         task = ", ".join(f"{k}={v}" for k, v in r["task"].items() if not isinstance(v, list))
         acc = r["final"].get("test_accuracy")
-        lines.append(f"| {', '.join(r['used_by'])} | {task} | {r['seconds']} | {_fmt(acc)} | {r['error'] or ''} |")
+        lines.append(f"| {', '.join(r['used_by'])} | {task} | {r['seconds']} | {format_measured(acc)} | "
+                     f"{r['error'] or ''} |")
     return "\n".join(lines) + "\n"
 
 

@@ -15,7 +15,7 @@ from rwinterp.cli import main
 from rwinterp.errors import RwinterpError
 
 PAPER_FIGURES = {"2", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13"}
-EXTRA_STUDIES = {"fragility", "theorem31", "lockin", "probes"}
+EXTRA_STUDIES = {"fragility", "theorem31", "lockin", "probes", "readings"}
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +167,28 @@ def test_fig10_seed_and_variant_counts_tell_ending_at_100_from_passing_through()
     names = {r.name for r in fig10.SPEC.runs}
     assert {fig10.seed_run(s) for s in fig10.SEEDS} | {fig10.variant_run(v) for v in fig10.VARIANTS} <= names
     assert fig10.seed_run(0) == "task1" and len(names) == len(fig10.SPEC.runs)
+
+
+def test_readings_study_reruns_each_figures_stated_runs_with_one_change_to_the_loss():
+    from experiments.specs import readings
+
+    # Each figure's own claims of the paper: all of Figs 4, 5, 8, 9; the two task claims of Figs 7 and 10;
+    # the three [paper] claims of Fig 11 (not its "why" diagnostic).
+    counts = {f: len(fig.claims()) for f, fig in readings.FIGURES.items()}
+    assert counts == {"4": 5, "5": 5, "7": 2, "8": 5, "9": 5, "10": 2, "11": 3}
+    runs = {r.name: r for r in readings.SPEC.runs}
+    assert len(runs) == (len(readings.FIGURES) + 2) * len(readings.LOSS_READINGS)  # Figs 7 and 10: two tasks each
+    for fig_id, fig in readings.FIGURES.items():
+        for original in (r for r in fig.spec.runs if r.name in fig.runs):
+            for reading, (_, overrides) in readings.LOSS_READINGS.items():
+                run = runs[readings.run_of(fig_id, reading, original.name)]
+                for reduced in (False, True):  # reduced mode shrinks the run exactly as its own figure does
+                    mine = run.resolved(reduced, readings.SPEC.reduced)
+                    theirs = original.resolved(reduced, fig.spec.reduced)
+                    assert (mine.task, mine.model) == (theirs.task, theirs.model)
+                    assert mine.train == {**theirs.train, **overrides}
+                    if not overrides:  # the stated reading is the figure's own run, trained once for both
+                        assert mine.key() == theirs.key()
 
 
 def test_worker_processes_give_the_same_numbers():
