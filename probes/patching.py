@@ -200,6 +200,9 @@ class PatchingResult:
     ``positions[name]``: ``[pos, batch, pred]``, one row per patched position (``resid_pre.L``,
     ``v.L``). ``heads[name]``: ``[layer, head, batch, pred]`` (``z``, ``pattern``).
     ``only_parents_corrupted`` / ``only_parents_clean``: the necessity and sufficiency runs.
+    ``contrast``: the input positions at which some clean walk differs from its corrupted partner.
+    Patching a position without contrast changes nothing, so if only parents have contrast (the QA
+    tasks: only the fruit slots vary) localization is 1 for any model, trained or not.
     """
 
     layout: Layout
@@ -210,6 +213,7 @@ class PatchingResult:
     only_parents_clean: Float[Tensor, "batch pred"]
     scale: float
     embeddings_by_substitution: bool
+    contrast: Bool[Tensor, " pos"] | None = None
     positions: dict[str, Float[Tensor, "pos batch pred"]] = field(default_factory=dict)
     heads: dict[str, Float[Tensor, "layer head batch pred"]] = field(default_factory=dict)
 
@@ -241,6 +245,15 @@ class PatchingResult:
             out["parent_effect"] = out[f"{MAIN}.parent_effect"]
             out["localization"] = out[f"{MAIN}.localization"]
         return out
+
+    @property
+    def contrast_outside_parents(self) -> float:
+        """Share of the (prediction, visible non-parent position) pairs at which the clean and
+        corrupted inputs differ somewhere; 0 means localization is 1 by construction."""
+        if self.contrast is None:
+            return float("nan")
+        others = self.layout.visible & ~self.layout.parents
+        return int((others & self.contrast[None, :]).sum()) / max(int(others.sum()), 1)
 
     def scores(self) -> dict[str, float]:
         """Point estimates of :meth:`summary`."""
@@ -328,6 +341,7 @@ def _patching(model: Any, task: Task, data: Batch, config: ProbeConfig) -> Patch
         only_parents_clean=sufficiency[pick, :, cols].T,
         scale=float(clean.select(clean_logits).abs().mean()) * clean.n_pred,
         embeddings_by_substitution=substitution,
+        contrast=(clean.inputs != corrupted.inputs).any(0),
     )
     for key, values in runs.items():
         kind, layer = key.split(".")

@@ -134,6 +134,7 @@ class Scorecard:
         w = point_weights(self.weights, self.n_walks)
         out = {k: float(v[0]) for k, v in self._summary(w).items()}
         out["bayes_accuracy"] = self.bayes_accuracy
+        out["patching.contrast_outside_parents"] = self.patching.contrast_outside_parents
         if self.transition is not None:
             out.update({f"transition.{k}": v for k, v in self.transition.scores().items()})
         else:  # not a first-order chain: the headline keys are there, undefined
@@ -179,6 +180,10 @@ def findings(s: dict[str, float], kind: str = "query") -> list[str]:
         out.append(f"Activation patching finds the computation {where}: {s['patching.localization']:.3f} of the "
                    f"effect is there, and patching the parent alone recovers {s['patching.parent_effect']:.3f} "
                    "of the clean output.")
+        if s.get("patching.contrast_outside_parents") == 0.0:
+            out.append("Clean and corrupted inputs differ only at the parents, so patching anywhere else cannot "
+                       "change the output: localization is 1 for any model on these inputs, trained or not; judge "
+                       "the patching scores against the random baseline.")
         if kind == "autoregressive" and "transition.direct.kl" in s:
             out.append("With a residual stream each position's own token reaches its prediction directly, so even "
                        "an untrained model localises there: judge patching against the random baseline.")

@@ -115,6 +115,26 @@ def test_theorem_4_1_uniform_attention_and_all_ones_value_matrix():
     assert "spread evenly" in text and "all-ones" in text and "cannot localise" in text
 
 
+def test_patching_says_when_only_the_parents_can_differ():
+    """On QA task 1 the clean and corrupted sentences differ only at the fruit slots (the parents),
+    so patching elsewhere cannot matter and localization is 1 even for an untrained model: the
+    scorecard measures that and says so; on a walk most other positions differ too."""
+    from rwinterp.qa import QAMajority
+
+    task = QAMajority()
+    model = paper_model(task, pos_dim=40, init="gaussian")
+    card = scorecard(model, task, task.sample(40, 1), ProbeConfig(progress=False, bootstrap=0, gradient_walks=4))
+    s = card.flat()
+    assert s["patching.contrast_outside_parents"] == 0.0
+    assert s["patching.localization"] == pytest.approx(1.0, abs=1e-12)
+    assert "differ only at the parents" in " ".join(card.findings())
+    walk = CircleWalk(5, 0.5, 11)
+    card = scorecard(paper_model(walk, pos_dim=16, init="gaussian"), walk, walk.sample(40, 1),
+                     ProbeConfig(progress=False, bootstrap=0, gradient_walks=4))
+    assert card.flat()["patching.contrast_outside_parents"] > 0.5
+    assert "differ only at the parents" not in " ".join(card.findings())
+
+
 def test_probes_change_neither_weights_nor_modes(trained_paper_models):
     model, task, _ = trained_paper_models[0.7]
     before = {k: v.clone() for k, v in model.state_dict().items()}
