@@ -173,11 +173,11 @@ def test_readings_study_reruns_each_figures_stated_runs_with_one_change_to_the_l
     from experiments.specs import readings
 
     # Each figure's own claims of the paper: all of Figs 4, 5, 8, 9; the two task claims of Figs 7 and 10;
-    # the three [paper] claims of Fig 11 (not its "why" diagnostic).
+    # the [paper] claims of the random-initialisation figures (not their "why" diagnostics).
     counts = {f: len(fig.claims()) for f, fig in readings.FIGURES.items()}
-    assert counts == {"4": 5, "5": 5, "7": 2, "8": 5, "9": 5, "10": 2, "11": 3}
+    assert counts == {"4": 5, "5": 5, "6": 5, "7": 2, "8": 5, "9": 5, "10": 2, "11": 3, "12": 2, "13": 2}
     runs = {r.name: r for r in readings.SPEC.runs}
-    assert len(runs) == (len(readings.FIGURES) + 2) * len(readings.LOSS_READINGS)  # Figs 7 and 10: two tasks each
+    assert len(runs) == 13 * len(readings.LOSS_READINGS)  # Figs 6, 7 and 10 train two runs each
     for fig_id, fig in readings.FIGURES.items():
         for original in (r for r in fig.spec.runs if r.name in fig.runs):
             for reading, (_, overrides) in readings.LOSS_READINGS.items():
