@@ -7,7 +7,8 @@ which task they hold:
   reserved *query token* that fills the last position (the paper's all-zero query slot).
 * ``seq_len`` (N) positions per sample: ``N - 1`` observed tokens and the query slot.
 * :meth:`Task.sample` draws ``n`` samples reproducibly from a seed; :meth:`Task.population`
-  enumerates every sample with its probability (exact expectations, small N only).
+  enumerates every sample with its probability (exact expectations, small N only), and
+  :meth:`Task.population_size` says how many that is before enumerating them.
 * :meth:`Task.conditional` is the true distribution of the label given the tokens,
   :meth:`Task.bayes_accuracy` the accuracy of the Bayes-optimal predictor, and
   :meth:`Task.parent_positions` the positions whose tokens determine the label (the *parents*;
