@@ -152,21 +152,22 @@ def test_fig10_diagnostics_recover_the_fruit_margin_line(offset, slope, answers)
     assert (dominance >= 1) == (answers == 1)
 
 
-def test_fig10_seed_and_variant_counts_tell_ending_at_100_from_passing_through():
+def test_qa_seed_counts_tell_ending_at_100_from_passing_through():
     from experiments.spec import RunResult
-    from experiments.specs import fig10
+    from experiments.specs import _qa, fig07, fig10
 
     def run(*accs):
         return RunResult(None, [{"step": i, "test_accuracy": a} for i, a in enumerate(accs)], {})
 
     results = Results({"through": run(0.5, 1.0, 1.0, 0.48), "ends": run(0.5, 0.9, 1.0), "never": run(0.5, 0.99)})
-    assert fig10.ending_at_one(results, ["through", "ends", "never"]) == 1
-    assert fig10.passing_through_one(results, ["through", "ends", "never"]) == 1
-    assert fig10.passing_through_one(results, ["ends", "never"]) == 0
-    # Every seed and variant is a run of the figure, under its own name, with seed 0 the main run.
-    names = {r.name for r in fig10.SPEC.runs}
-    assert {fig10.seed_run(s) for s in fig10.SEEDS} | {fig10.variant_run(v) for v in fig10.VARIANTS} <= names
-    assert fig10.seed_run(0) == "task1" and len(names) == len(fig10.SPEC.runs)
+    assert _qa.ending_at_one(results, ["through", "ends", "never"]) == 1
+    assert _qa.passing_through_one(results, ["through", "ends", "never"]) == 1
+    assert _qa.passing_through_one(results, ["ends", "never"]) == 0
+    # Every seed (Figs 7 and 10) and variant (Fig 10) is a run of the figure, with seed 0 the main run.
+    assert _qa.seed_run(0) == "task1"
+    for spec, extra in ((fig07.SPEC, set()), (fig10.SPEC, {fig10.variant_run(v) for v in fig10.VARIANTS})):
+        names = {r.name for r in spec.runs}
+        assert {_qa.seed_run(s) for s in _qa.SEEDS} | extra <= names and len(names) == len(spec.runs)
 
 
 def test_readings_study_reruns_each_figures_stated_runs_with_one_change_to_the_loss():

@@ -11,13 +11,56 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from experiments.spec import (Claim, Computed, FigureSpec, Final, History, Panel, Record, RunSpec,
+import numpy as np
+
+from experiments.spec import (Claim, Computed, FigureSpec, Final, History, Panel, Record, Results, RunSpec,
                               accuracy_near, at_most, is_true, near)
 from rwinterp.qa import QAMajority, QAOrder, QATask
 
 QA_MODEL = {"pos_dim": 1000, "init": "gaussian", "init_sigma": 0.01, "normalize_tokens": True}
 REDUCED = {"model": {"pos_dim": 200}}
 TASKS: dict[str, type[QATask]] = {"task1": QAMajority, "task2": QAOrder}
+#: Seeds (initialisation and sentences) of task 1 under a figure's stated setting; seed 0 is the
+#: figure's main run, ``task1``.
+SEEDS = tuple(range(10))
+
+
+def seed_run(seed: int) -> str:
+    return "task1" if seed == 0 else f"task1_seed{seed}"
+
+
+def task1_run(name: str, model: dict, train: dict, label: str) -> RunSpec:
+    """A task 1 run that keeps only its history (5 steps in reduced mode)."""
+    return RunSpec(name, {"kind": QAMajority.kind}, model, train, Record(()), {"train": {"steps": 5}}, label=label)
+
+
+def seed_runs(model: dict, train: dict) -> list[RunSpec]:
+    """Task 1 under ``model``/``train`` with the seeds of :data:`SEEDS` other than 0."""
+    return [task1_run(seed_run(s), {**model, "seed": s}, {**train, "seed": s}, f"seed {s}") for s in SEEDS[1:]]
+
+
+def accuracies(results: Results, run: str) -> np.ndarray:
+    return np.asarray([h["test_accuracy"] for h in results[run].history])
+
+
+def ending_at_one(results: Results, runs: Sequence[str]) -> int:
+    """How many of ``runs`` end at 100% test accuracy."""
+    return sum(bool(accuracies(results, r)[-1] == 1.0) for r in runs)
+
+
+def passing_through_one(results: Results, runs: Sequence[str]) -> int:
+    """How many of ``runs`` reach 100% test accuracy at some step but do not end there."""
+    return sum(bool(a.max() == 1.0 and a[-1] < 1.0) for a in (accuracies(results, r) for r in runs))
+
+
+def seeds_ending_at_one(results: Results) -> int:
+    return ending_at_one(results, [seed_run(s) for s in SEEDS])
+
+
+def seed_panel(title: str) -> Panel:
+    """Task 1's test accuracy by step, one curve per seed."""
+    return Panel("line", title, series={f"seed {s}": History(seed_run(s), "test_accuracy") for s in SEEDS},
+                 xlabel="step", ylabel="accuracy", ylim=(-0.02, 1.05), options={"legend_columns": 2})
 
 
 def word_labels(task: type[QATask]) -> list[str]:

@@ -19,11 +19,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from experiments.spec import (Claim, Computed, Final, History, Panel, Record, Results, RunSpec, StepView, at_least,
-                              at_most, quantity)
-from experiments.specs._qa import QA_MODEL, qa_figure
+from experiments.spec import Claim, Computed, Final, History, Panel, Results, StepView, at_least, at_most, quantity
+from experiments.specs._qa import (QA_MODEL, SEEDS, accuracies, ending_at_one, passing_through_one, qa_figure,
+                                   seed_panel, seed_run, seed_runs, seeds_ending_at_one, task1_run)
 from rwinterp.model import predict
-from rwinterp.qa import QAMajority, token_of
+from rwinterp.qa import token_of
 
 MODEL = {**QA_MODEL, "mlp_width": 19}
 TRAIN = {"lr": 0.1, "eps": 0.1, "steps": 100, "n_train": 1024, "n_test": 1024}
@@ -33,8 +33,6 @@ NOTE = ("The stated loss -log(f_y + eps) rewards a large f_y and never penalises
         "two panels): seeds 0 to 9, and lr 1 and 10, the summed loss, 1000 steps, sigma 0.1, raw x~, a balanced "
         "training set (population mode), AdamW, SGD with batches of 32 and float32; none ends at 100%. "
         "Softmax cross-entropy with lr 1 does learn task 1 (see the alternative reading).")
-#: Seeds of task 1 under the paper's setting (seed 0 is the figure's main run, ``task1``).
-SEEDS = tuple(range(10))
 #: Variants of the paper's setting for task 1, all under the stated loss: label -> (model, train) overrides.
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "lr 1": ({}, {"lr": 1.0}),
@@ -50,35 +48,12 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
 }
 
 
-def seed_run(seed: int) -> str:
-    return "task1" if seed == 0 else f"task1_seed{seed}"
-
-
 def variant_run(label: str) -> str:
     return "task1_" + "".join(c if c.isalnum() else "_" for c in label.lower())
 
 
-def _task1_run(name: str, model: dict, train: dict, label: str) -> RunSpec:
-    return RunSpec(name, {"kind": QAMajority.kind}, {**MODEL, **model}, {**TRAIN, **train}, Record(()),
-                   {"train": {"steps": 5}}, label=label)
-
-
-TRIED = ([_task1_run(seed_run(s), {"seed": s}, {"seed": s}, f"seed {s}") for s in SEEDS[1:]]
-         + [_task1_run(variant_run(label), m, t, label) for label, (m, t) in VARIANTS.items()])
-
-
-def accuracies(results: Results, run: str) -> np.ndarray:
-    return np.asarray([h["test_accuracy"] for h in results[run].history])
-
-
-def ending_at_one(results: Results, runs: list[str]) -> int:
-    """How many of ``runs`` end at 100% test accuracy."""
-    return sum(bool(accuracies(results, r)[-1] == 1.0) for r in runs)
-
-
-def passing_through_one(results: Results, runs: list[str]) -> int:
-    """How many of ``runs`` reach 100% test accuracy at some step but do not end there."""
-    return sum(bool(a.max() == 1.0 and a[-1] < 1.0) for a in (accuracies(results, r) for r in runs))
+TRIED = seed_runs(MODEL, TRAIN) + [task1_run(variant_run(label), {**MODEL, **m}, {**TRAIN, **t}, label)
+                                   for label, (m, t) in VARIANTS.items()]
 
 
 def list_scores(model, task) -> torch.Tensor:
@@ -125,7 +100,7 @@ DIAGNOSTICS = [
                "for 100%"),
     Claim(f"[the paper's setting, seeds 0 to {SEEDS[-1]}] the failure is not one seed's: task 1 ends at 100% "
           "for no seed",
-          Computed(lambda r: ending_at_one(r, [seed_run(s) for s in SEEDS])), at_most(0),
+          Computed(seeds_ending_at_one), at_most(0),
           note=f"measured: how many of the {len(SEEDS)} seeds end at 100% test accuracy; panel: accuracy by step"),
     Claim(f"[the paper's setting, seeds 0 to {SEEDS[-1]}] some seeds pass through 100% for a few steps, while the "
           "two fruit scores are level, and fall back",
@@ -159,9 +134,7 @@ SPEC = qa_figure(
               series={"paper's setting": History("task1", "margin_dominance"),
                       "softmax cross-entropy, lr 1": History("xent_task1", "margin_dominance")},
               xlabel="step", ylabel="|offset| / (2.5 |slope|)", logy=True, ref={"the count decides below 1": 1.0}),
-        Panel("line", "(f) task 1, paper's setting: test accuracy by seed",
-              series={f"seed {s}": History(seed_run(s), "test_accuracy") for s in SEEDS},
-              xlabel="step", ylabel="accuracy", ylim=(-0.02, 1.05), options={"legend_columns": 2}),
+        seed_panel("(f) task 1, paper's setting: test accuracy by seed"),
         Panel("bar", "(g) task 1, stated loss: final accuracy per variant",
               data=Computed(lambda r: {v: float(accuracies(r, variant_run(v))[-1]) for v in VARIANTS},
                             "final test accuracy per variant"),
