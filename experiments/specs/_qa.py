@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import numpy as np
-
 from experiments.spec import (Claim, Computed, FigureSpec, Final, History, Panel, Record, Results, RunSpec,
                               accuracy_near, at_most, is_true, near)
 from rwinterp.qa import QAMajority, QAOrder, QATask
@@ -39,27 +37,24 @@ def seed_runs(model: dict, train: dict) -> list[RunSpec]:
     return [task1_run(seed_run(s), {**model, "seed": s}, {**train, "seed": s}, f"seed {s}") for s in SEEDS[1:]]
 
 
-def accuracies(results: Results, run: str) -> np.ndarray:
-    return np.asarray([h["test_accuracy"] for h in results[run].history])
+#: The runs of :data:`SEEDS`.
+SEED_RUNS = tuple(seed_run(s) for s in SEEDS)
 
 
 def ending_at_one(results: Results, runs: Sequence[str]) -> int:
     """How many of ``runs`` end at 100% test accuracy."""
-    return sum(bool(accuracies(results, r)[-1] == 1.0) for r in runs)
+    return sum(bool(results[r].final["test_accuracy"] == 1.0) for r in runs)
 
 
 def passing_through_one(results: Results, runs: Sequence[str]) -> int:
     """How many of ``runs`` reach 100% test accuracy at some step but do not end there."""
-    return sum(bool(a.max() == 1.0 and a[-1] < 1.0) for a in (accuracies(results, r) for r in runs))
-
-
-def seeds_ending_at_one(results: Results) -> int:
-    return ending_at_one(results, [seed_run(s) for s in SEEDS])
+    accs = (results[r].series("test_accuracy")[1] for r in runs)
+    return sum(bool(a.max() == 1.0 and a[-1] < 1.0) for a in accs)
 
 
 def seed_panel(title: str) -> Panel:
     """Task 1's test accuracy by step, one curve per seed."""
-    return Panel("line", title, series={f"seed {s}": History(seed_run(s), "test_accuracy") for s in SEEDS},
+    return Panel("line", title, series={f"seed {s}": History(run, "test_accuracy") for s, run in zip(SEEDS, SEED_RUNS)},
                  xlabel="step", ylabel="accuracy", ylim=(-0.02, 1.05), options={"legend_columns": 2})
 
 

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from experiments.spec import Claim, Computed, Final, History, Panel, Results, StepView, at_least, at_most, quantity
-from experiments.specs._qa import (QA_MODEL, SEEDS, accuracies, ending_at_one, passing_through_one, qa_figure,
-                                   seed_panel, seed_run, seed_runs, seeds_ending_at_one, task1_run)
+from experiments.specs._qa import (QA_MODEL, SEED_RUNS, SEEDS, ending_at_one, passing_through_one, qa_figure,
+                                   seed_panel, seed_runs, task1_run)
 from rwinterp.model import predict
 from rwinterp.qa import token_of
 
@@ -100,11 +100,11 @@ DIAGNOSTICS = [
                "for 100%"),
     Claim(f"[the paper's setting, seeds 0 to {SEEDS[-1]}] the failure is not one seed's: task 1 ends at 100% "
           "for no seed",
-          Computed(seeds_ending_at_one), at_most(0),
+          Computed(lambda r: ending_at_one(r, SEED_RUNS)), at_most(0),
           note=f"measured: how many of the {len(SEEDS)} seeds end at 100% test accuracy; panel: accuracy by step"),
     Claim(f"[the paper's setting, seeds 0 to {SEEDS[-1]}] some seeds pass through 100% for a few steps, while the "
           "two fruit scores are level, and fall back",
-          Computed(lambda r: passing_through_one(r, [seed_run(s) for s in SEEDS])), at_least(1),
+          Computed(lambda r: passing_through_one(r, SEED_RUNS)), at_least(1),
           note="measured: how many seeds reach 100% at some step but do not end there. Only while f_apple and "
                "f_orange are level can the apple count decide; the loss then drives one score above the other "
                "for every list"),
@@ -136,7 +136,7 @@ SPEC = qa_figure(
               xlabel="step", ylabel="|offset| / (2.5 |slope|)", logy=True, ref={"the count decides below 1": 1.0}),
         seed_panel("(f) task 1, paper's setting: test accuracy by seed"),
         Panel("bar", "(g) task 1, stated loss: final accuracy per variant",
-              data=Computed(lambda r: {v: float(accuracies(r, variant_run(v))[-1]) for v in VARIANTS},
+              data=Computed(lambda r: {v: float(r[variant_run(v)].final["test_accuracy"]) for v in VARIANTS},
                             "final test accuracy per variant"),
               ylabel="final test accuracy", ref={"the paper: 100%": 1.0, "chance 1/2": 0.5},
               options={"rotation": 60}),
