@@ -14,19 +14,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-
-def format_measured(x: Any) -> str:
-    """A measured value as the report shows it (4 significant digits, yes/no, n/a for none)."""
-    if x is None:
-        return "n/a"
-    if isinstance(x, bool):
-        return "yes" if x else "no"
-    if isinstance(x, float):
-        return f"{x:.4g}"
-    if isinstance(x, list):
-        text = json.dumps(x)
-        return text if len(text) <= 60 else text[:57] + "..."
-    return str(x)
+from experiments.spec import format_measured
 
 
 def _cell(text: str) -> str:

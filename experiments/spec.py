@@ -330,13 +330,13 @@ class Check:
 
     def describe(self) -> str:
         if self.op == "near":
-            return f"{_fmt(self.target)} ± {_fmt(self.tol)}"
+            return f"{format_measured(self.target)} ± {format_measured(self.tol)}"
         if self.op == "at_least":
-            return f"≥ {_fmt(self.target)}"
+            return f"≥ {format_measured(self.target)}"
         if self.op == "at_most":
-            return f"≤ {_fmt(self.target)}"
+            return f"≤ {format_measured(self.target)}"
         if self.op == "between":
-            return f"in [{_fmt(self.target)}, {_fmt(self.hi)}]"
+            return f"in [{format_measured(self.target)}, {format_measured(self.hi)}]"
         return "yes" if self.op == "true" else "no"
 
 
@@ -378,9 +378,17 @@ def accuracy_near(run: str, target: float, k: float = 3.0) -> Callable[[Results]
     return check
 
 
-def _fmt(x: Any) -> str:
+def format_measured(x: Any) -> str:
+    """A value as the report shows it (4 significant digits, yes/no, n/a for none)."""
+    if x is None:
+        return "n/a"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
     if isinstance(x, float):
         return f"{x:.4g}"
+    if isinstance(x, list):
+        text = json.dumps(x)
+        return text if len(text) <= 60 else text[:57] + "..."
     return str(x)
 
 

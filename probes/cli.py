@@ -68,7 +68,7 @@ def _probe(args: argparse.Namespace) -> int:
         print_json({**summary_json(card, comparison), "report": str(out)})
         return 0
     flat = card.flat()
-    print(f"run         {args.run}  ({run.task.describe()}, {len(data)} walks)")
+    print(f"run         {args.run}  ({run.task.describe()}, {len(data)} {run.task.sample_name}s)")
     for line in card.findings():
         print(f"  - {line}")
     keys = ("accuracy", "bayes_accuracy", "parent_attention", "parent_argmax_rate", "patching.parent_effect",

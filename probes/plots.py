@@ -75,8 +75,9 @@ def plot_transition(result: TransitionResult, path: Path) -> str:
             "entries where the true map has its largest ones.")
 
 
-def plot_attention(result: AttentionResult, path: Path) -> str:
-    """Mean attention by position, all positions and a zoom on the last ones."""
+def plot_attention(result: AttentionResult, path: Path, sample_name: str = "walk") -> str:
+    """Mean attention by position, all positions and a zoom on the last ones (``sample_name``: what the
+    caption calls one input)."""
     profile = result.profile.numpy()
     n_pos = len(profile)
     x, label = _axis(result.layout.kind, n_pos)
@@ -95,12 +96,14 @@ def plot_attention(result: AttentionResult, path: Path) -> str:
     axes[1].set_ylim(0, max(1e-9, float(np.nanmax(profile))) * 1.1)
     _save(fig, path)
     return ("How much each input position is attended to when the model makes its prediction, averaged over the "
-            "test walks. A model that learned the walk puts almost all attention on the parent (red), the "
-            "position holding the current state; an untrained or stuck model spreads it out.")
+            f"test {sample_name}s. A model that learned the task puts almost all attention on the parents (red), "
+            "the positions the label depends on (for a walk, the one holding the current state); an untrained or "
+            "stuck model spreads it out.")
 
 
-def plot_patching(result: PatchingResult, path: Path) -> str:
-    """Normalised patching effect by position for each position sweep, and head/parent scores."""
+def plot_patching(result: PatchingResult, path: Path, sample_name: str = "walk") -> str:
+    """Normalised patching effect by position for each position sweep, and head/parent scores
+    (``sample_name``: what the caption calls one input)."""
     scores = result.scores()
     names = list(result.positions)
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8), gridspec_kw={"width_ratios": [2, 1, 1.2]})
@@ -111,7 +114,7 @@ def plot_patching(result: PatchingResult, path: Path) -> str:
     for parent in _parent_x(result.layout, n_pos):
         axes[0].axvline(parent, color="#d62728", lw=0.8, ls="--")
     if not any(np.isfinite(result.profile(name).numpy()).any() for name in names):
-        axes[0].text(0.5, 0.5, "undefined: the model's output is the same for every walk", ha="center",
+        axes[0].text(0.5, 0.5, f"undefined: the model's output is the same for every {sample_name}", ha="center",
                      transform=axes[0].transAxes)
     axes[0].set_xlim(x.min() - 1, x.max() + 1)
     axes[0].set_title("patching one position at a time (dashed = parent)")
@@ -135,11 +138,11 @@ def plot_patching(result: PatchingResult, path: Path) -> str:
     axes[2].set_title("whole heads; necessity and sufficiency")
     axes[2].set_xlabel("normalised effect")
     _save(fig, path)
-    return ("Each point is a controlled experiment: run the model on an unrelated walk, copy back the original "
-            "walk's internal state at one position (or one head), and see how much of the original prediction "
-            "returns (1 = all of it). A model that learned the walk recovers everything from the parent "
-            "position alone and nothing from the others; its attention pattern carries no walk-specific "
-            "information (pattern near 0) while its head output carries all of it (z near 1).")
+    return (f"Each point is a controlled experiment: run the model on an unrelated {sample_name}, copy back the "
+            f"original {sample_name}'s internal state at one position (or one head), and see how much of the "
+            "original prediction returns (1 = all of it). A model that learned the task recovers everything from "
+            f"the parent positions alone and nothing from the others; its attention pattern carries no "
+            f"{sample_name}-specific information (pattern near 0) while its head output carries all of it (z near 1).")
 
 
 def _label(name: str) -> str:

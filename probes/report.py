@@ -78,9 +78,10 @@ def _figures(card: Scorecard, tmp: Path, prefix: str = "") -> list[tuple[str, st
         figures.append((name, "The model's value map against the transition matrix",
                         plot_transition(card.transition, tmp / name)))
     name = f"{prefix}attention.png"
-    figures.append((name, "Attention by position", plot_attention(card.attention, tmp / name)))
+    figures.append((name, "Attention by position", plot_attention(card.attention, tmp / name, card.sample_name)))
     name = f"{prefix}patching.png"
-    figures.append((name, "Activation patching by position and hook", plot_patching(card.patching, tmp / name)))
+    figures.append((name, "Activation patching by position and hook",
+                    plot_patching(card.patching, tmp / name, card.sample_name)))
     return figures
 
 
@@ -92,11 +93,13 @@ def _figure_markdown(figures: list[tuple[str, str, str]]) -> list[str]:
 
 
 def _header(card: Scorecard, source: str) -> list[str]:
+    noun = card.sample_name
+    reads = f"one prediction per {noun}, at the query slot" if card.kind == "query" else "a prediction at every position"
     return [
         f"- run: `{source}`",
         f"- task: {card.task}",
-        f"- model: {card.model} ({'one prediction per walk, at the query slot' if card.kind == 'query' else 'a prediction at every position'})",
-        f"- walks probed: {card.n_walks}; intervals: {100 * card.config.confidence:.0f}% bootstrap over walks "
+        f"- model: {card.model} ({reads})",
+        f"- {noun}s probed: {card.n_walks}; intervals: {100 * card.config.confidence:.0f}% bootstrap over {noun}s "
         f"({card.config.bootstrap} resamples)",
         "",
     ]
@@ -117,9 +120,9 @@ def write_probe_report(out: Path, card: Scorecard, source: str, comparison: Opti
             plot_bars(rows, ("trained", f"random init ({len(comparison.seeds)} seeds)"),
                       tmp / "trained_vs_random.png", "trained model against random-initialised models")
             figures.append(("trained_vs_random.png", "Trained against random-initialised models",
-                            "Each score for this run (with its interval over test walks) beside the mean over "
-                            "random-initialised models of the same architecture (interval over seeds). Learning "
-                            "the walk shows as scores far from the random ones."))
+                            f"Each score for this run (with its interval over test {card.sample_name}s) beside the "
+                            "mean over random-initialised models of the same architecture (interval over seeds). "
+                            "Learning the task shows as scores far from the random ones."))
             payload["baseline"] = {
                 "kind": "random", "seeds": comparison.seeds,
                 **{stat: nest({k: getattr(s, stat) for k, s in comparison.spreads.items()})
@@ -180,7 +183,7 @@ def write_compare_report(out: Path, comparison: RunComparison, sources: tuple[st
                 lines.append(f"| `{key}` | {MEANING[key]} | {_cell(a, fa, key)} | {_cell(b, fb, key)} | "
                              f"{_fmt(fb[key] - fa[key])} |")
         figures = [("comparison.png", f"{na} against {nb}",
-                    "Each score of the two runs side by side, with intervals over test walks.")]
+                    f"Each score of the two runs side by side, with intervals over test {a.sample_name}s.")]
         figures += _figures(a, tmp, "a_") + _figures(b, tmp, "b_")
         figures = [(f, f"{t} ({na if f.startswith('a_') else nb})" if f[:2] in ("a_", "b_") else t, c)
                    for f, t, c in figures]

@@ -118,6 +118,7 @@ class Scorecard:
     patching: PatchingResult
     transition: Optional[TransitionResult]
     config: ProbeConfig
+    sample_name: str = "walk"
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def _summary(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -188,7 +189,7 @@ def findings(s: dict[str, float], kind: str = "query") -> list[str]:
             out.append("With a residual stream each position's own token reaches its prediction directly, so even "
                        "an untrained model localises there: judge patching against the random baseline.")
     elif "patching.localization" in s:
-        out.append("The output does not depend on which walk is read, so patching cannot localise anything.")
+        out.append("The output does not depend on which input is read, so patching cannot localise anything.")
     if ok("transition.direct.kl"):
         close = s["transition.kl"] < 0.1 and s.get("transition.argmax_agreement") == 1.0
         out.append(f"Through a parent it attends to, the model's logits {'reproduce' if close else 'do not reproduce'} "
@@ -236,6 +237,7 @@ def scorecard(model: Any, task: Task, data: Batch, config: ProbeConfig = ProbeCo
         patching=patching,
         transition=transition,
         config=config,
+        sample_name=task.sample_name,
     )
     if config.bootstrap and data.weights is None:  # a weighted population is exact: no interval
         w = bootstrap_weights(data.weights, len(data), config.bootstrap, config.seed)

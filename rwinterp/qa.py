@@ -54,6 +54,7 @@ class QATask(Task):
     """
 
     TEMPLATE: tuple[str | None, ...]
+    sample_name = "sentence"
 
     @classmethod
     @abstractmethod

@@ -102,6 +102,8 @@ class Task(ABC):
     """What a model is trained on and probed with. See the module docstring."""
 
     kind: ClassVar[str]
+    #: What one sample is called in reports ("walk", "sentence").
+    sample_name: ClassVar[str] = "walk"
 
     @property
     @abstractmethod

@@ -115,10 +115,12 @@ def test_theorem_4_1_uniform_attention_and_all_ones_value_matrix():
     assert "spread evenly" in text and "all-ones" in text and "cannot localise" in text
 
 
-def test_patching_says_when_only_the_parents_can_differ():
+def test_patching_says_when_only_the_parents_can_differ(tmp_path):
     """On QA task 1 the clean and corrupted sentences differ only at the fruit slots (the parents),
     so patching elsewhere cannot matter and localization is 1 even for an untrained model: the
-    scorecard measures that and says so; on a walk most other positions differ too."""
+    scorecard measures that and says so; on a walk most other positions differ too. The report
+    calls the QA samples sentences."""
+    from probes.report import REPORT_FILE, write_probe_report
     from rwinterp.qa import QAMajority
 
     task = QAMajority()
@@ -128,6 +130,8 @@ def test_patching_says_when_only_the_parents_can_differ():
     assert s["patching.contrast_outside_parents"] == 0.0
     assert s["patching.localization"] == pytest.approx(1.0, abs=1e-12)
     assert "differ only at the parents" in " ".join(card.findings())
+    report = (write_probe_report(tmp_path / "qa", card, "qa") / REPORT_FILE).read_text()
+    assert "- sentences probed: 40; intervals:" in report and "walk" not in report.split("## Figures")[0]
     walk = CircleWalk(5, 0.5, 11)
     card = scorecard(paper_model(walk, pos_dim=16, init="gaussian"), walk, walk.sample(40, 1),
                      ProbeConfig(progress=False, bootstrap=0, gradient_walks=4))

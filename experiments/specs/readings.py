@@ -17,7 +17,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from experiments.spec import Claim, ClaimResult, Computed, FigureSpec, Panel, Results, RunSpec, at_least
+from experiments.spec import (Claim, ClaimResult, Computed, FigureSpec, Panel, Results, RunSpec, at_least,
+                             format_measured)
 from experiments.specs import fig04, fig05, fig06, fig07, fig08, fig09, fig10, fig11, fig12, fig13
 from experiments.specs._random_init import reading_named, run_name
 
@@ -112,7 +113,6 @@ def holding_fraction(results: Results) -> np.ndarray:
 
 def summary(results: Results) -> str:
     """Per reading: the figures it reproduces, and the claims that fail in the others."""
-    from experiments.report import format_measured
 
     lines = []
     for reading, (label, _) in LOSS_READINGS.items():
