@@ -48,6 +48,18 @@ def markdown(rep: Any) -> str:
         "Regenerate with `rwinterp reproduce all --out DIR`; the same seeds give the same numbers on the same "
         "CPU (another CPU's arithmetic kernels can change the last digits of some values).",
         "",
+        "## By figure",
+        "",
+        "| figure | what it shows | claims that hold |",
+        "|---|---|---|",
+    ]
+    for fig in rep.figures:
+        link = f"[{fig.spec.id}]({fig.image})" if fig.image else fig.spec.id
+        n_held = sum(c.holds for c in fig.claims)
+        verdict = "all" if n_held == len(fig.claims) else f"**{n_held} of {len(fig.claims)}**"
+        lines.append(f"| {link} | {_cell(fig.spec.title)} | {verdict} |")
+    lines += [
+        "",
         "## Every claim",
         "",
         "| figure | claim | expected | measured | holds |",

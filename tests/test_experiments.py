@@ -47,6 +47,11 @@ def test_every_spec_runs_in_reduced_mode_and_writes_its_report(reduced_report):
     for c in rep.claims:
         assert c.claim.replace("|", "\\|") in text
     assert "REDUCED MODE" in text
+    by_figure = text.split("## By figure")[1].split("## Every claim")[0]
+    for fig in rep.figures:  # one row per figure, counting its claims that hold
+        held = sum(c.holds for c in fig.claims)
+        verdict = "all" if held == len(fig.claims) else f"**{held} of {len(fig.claims)}**"
+        assert f"| [{fig.spec.id}]({fig.image}) | {fig.spec.title} | {verdict} |" in by_figure
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
 
 

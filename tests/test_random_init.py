@@ -147,7 +147,7 @@ def reduced_results():
 
 def test_reduced_specs_share_runs_and_every_claim_is_measured(reduced_results):
     figures, runs = reduced_results
-    # The four figures share one run per reading and p; Fig 6 adds the mean-loss learning-rate sweep,
+    # The four figures share one run per reading and p; Fig 6 adds its sweeps (learning rate, length, AdamW),
     # Fig 13 the other seeds of the summed reading at p = 1.
     sweeps = sum(len(sweep.values) * len(sweep.ps) for sweep in ri.SWEEPS)
     assert len(runs) == 2 * len(ri.READINGS) + sweeps + len(ri.SEEDS) - 1
