@@ -94,7 +94,8 @@ def _figure_markdown(figures: list[tuple[str, str, str]]) -> list[str]:
 
 def _header(card: Scorecard, source: str) -> list[str]:
     noun = card.sample_name
-    reads = f"one prediction per {noun}, at the query slot" if card.kind == "query" else "a prediction at every position"
+    reads = (f"one prediction per {noun}, at the query slot" if card.kind == "query"
+             else "a prediction at every position")
     return [
         f"- run: `{source}`",
         f"- task: {card.task}",
