@@ -33,6 +33,11 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _link(fig: Any) -> str:
+    """The figure's id, linked to its image when it has one."""
+    return f"[{fig.spec.id}]({fig.image})" if fig.image else fig.spec.id
+
+
 def markdown(rep: Any) -> str:
     claims = rep.claims
     held = sum(c.holds for c in claims)
@@ -54,10 +59,9 @@ def markdown(rep: Any) -> str:
         "|---|---|---|",
     ]
     for fig in rep.figures:
-        link = f"[{fig.spec.id}]({fig.image})" if fig.image else fig.spec.id
         n_held = sum(c.holds for c in fig.claims)
         verdict = "all" if n_held == len(fig.claims) else f"**{n_held} of {len(fig.claims)}**"
-        lines.append(f"| {link} | {_cell(fig.spec.title)} | {verdict} |")
+        lines.append(f"| {_link(fig)} | {_cell(fig.spec.title)} | {verdict} |")
     lines += [
         "",
         "## Every claim",
@@ -66,7 +70,7 @@ def markdown(rep: Any) -> str:
         "|---|---|---|---|---|",
     ]
     for fig in rep.figures:
-        link = f"[{fig.spec.id}]({fig.image})" if fig.image else fig.spec.id
+        link = _link(fig)
         for c in fig.claims:
             lines.append(f"| {link} | {_cell(c.claim)} | {_cell(c.expected)} | {_cell(format_measured(c.measured))} | "
                          f"{'**yes**' if c.holds else '**NO**'} |")
