@@ -161,11 +161,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, default=None, help="mini-batch size for sgd/adamw")
     g.add_argument("--weight-decay", type=float, default=0.0)
     g.add_argument("--reduction", choices=["mean", "sum"], default="mean",
-                   help="the loss averaged (the paper's stated reading) or summed over the training walks")
-    g.add_argument("--n-train", type=int, default=1000, help="training walks (default 1000)")
-    g.add_argument("--n-test", type=int, default=1000, help="test walks (default 1000)")
+                   help="the loss averaged (the paper's stated reading) or summed over the training samples")
+    g.add_argument("--n-train", type=int, default=1000, help="training samples, walks or sentences (default 1000)")
+    g.add_argument("--n-test", type=int, default=1000, help="test samples (default 1000)")
     g.add_argument("--population", action="store_true",
-                   help="train and evaluate on the exact population of all walks (small N)")
+                   help="train and evaluate on the exact population of all samples (small N)")
     g.add_argument("--seed", type=int, default=0, help="seeds initialisation and data (default 0)")
     g.add_argument("--next-token", action="store_true",
                    help="train on next-state prediction at every position (causal deep models)")
