@@ -213,7 +213,7 @@ class PatchingResult:
     only_parents_clean: Float[Tensor, "batch pred"]
     scale: float
     embeddings_by_substitution: bool
-    contrast: Bool[Tensor, " pos"] | None = None
+    contrast: Bool[Tensor, " pos"]
     positions: dict[str, Float[Tensor, "pos batch pred"]] = field(default_factory=dict)
     heads: dict[str, Float[Tensor, "layer head batch pred"]] = field(default_factory=dict)
 
@@ -250,8 +250,6 @@ class PatchingResult:
     def contrast_outside_parents(self) -> float:
         """Share of the (prediction, visible non-parent position) pairs at which the clean and
         corrupted inputs differ somewhere; 0 means localization is 1 by construction."""
-        if self.contrast is None:
-            return float("nan")
         others = self.layout.visible & ~self.layout.parents
         return int((others & self.contrast[None, :]).sum()) / max(int(others.sum()), 1)
 

@@ -8,13 +8,13 @@ fruit margin ``f_apple - f_orange`` is a line in the apple count whose offset ou
 the count makes; a panel follows that ratio over training. Softmax cross-entropy with lr 1 is run as
 an alternative reading: it reproduces the paper's picture, and there the ratio falls below 1.
 
-Why Fig 7's attention-only model, trained on the same loss, does learn task 1: there the fruit
-entries of V take the apple count's signal directly, a first-order term, so the margin follows the
-count from the first steps. With the FC layer the signal passes through the product
-``A ReLU(V ...)`` from a small initialisation, and such a product learns its strongest direction
-first: here the one shared by every sentence (the common words, for both fruits alike). As those
-scores grow, ``1 / (f_y + eps)`` shrinks every gradient, and the weaker, count-dependent direction
-stays behind; the ratio panel shows the offset pulling away.
+A likely reason why Fig 7's attention-only model, trained on the same loss, does learn task 1 (an
+explanation, not a measured claim; the ratio panel is the measurement): there the fruit entries of
+V take the apple count's signal directly, a first-order term. With the FC layer the signal passes
+through the product ``A ReLU(V ...)`` from a small initialisation, and such a product learns its
+strongest direction first: here the one shared by every sentence (the common words, for both
+fruits alike). As those scores grow, ``1 / (f_y + eps)`` shrinks every gradient, and the weaker,
+count-dependent direction stays behind.
 
 What was tried is run, not listed: task 1 under the stated loss with seeds 0 to 9 (some pass
 through 100% for a few steps while the two fruit scores cross, and fall back) and under
