@@ -33,6 +33,7 @@ def _line(ax: Any, panel: Panel, results: Results) -> str:
     import seaborn as sns
 
     palette = sns.color_palette("colorblind", max(len(panel.series), 1))
+    xs = []
     for colour, (label, source) in zip(palette, panel.series.items()):
         data = source(results)
         if isinstance(data, tuple) and len(data) == 2:
@@ -42,10 +43,11 @@ def _line(ax: Any, panel: Panel, results: Results) -> str:
             x = np.arange(len(y))
         style = panel.options.get("style", "-")
         ax.plot(x, y, style, label=label, color=colour, lw=1.6, ms=3)
+        xs.append(x)
     for label, value in panel.ref.items():
         ax.axhline(value, ls="--", color="0.35", lw=1, label=label)
-    if panel.logx:
-        ax.set_xscale("log")
+    if panel.logx and any(np.any(x > 0) for x in xs):
+        ax.set_xscale("log")  # (a panel with no points, such as a run too short for its events, stays linear)
     if panel.logy:
         has_positive = any(line.get_ydata().size and np.nanmax(np.asarray(line.get_ydata(), float)) > 0
                            for line in ax.get_lines())

@@ -8,7 +8,8 @@
    the union of what the figures asked for.
 3. :func:`execute` trains them under one progress bar (in steps), recording the requested
    quantities through the training callback.
-4. Each figure's panels are drawn (:mod:`experiments.plots`) and its claims evaluated; a claim whose
+4. :func:`draw_figures` evaluates each figure's claims, in this process, and draws its panels
+   (:mod:`experiments.plots`), in the training workers when there are several jobs; a claim whose
    measurement fails counts as not holding, with the error as its note. Nothing is dropped.
 5. The PNGs, ``results.json`` (the list of claims), ``runs.json`` (what was trained, how long it
    took) and ``REPRODUCTION.md`` are written to a temporary directory and moved into place.
@@ -158,12 +159,12 @@ def _snapshot(step: int, model: Any, task: Any, test: Any, names: tuple[str, ...
 
 
 def execute(runs: list[PlannedRun], progress: Optional[bool] = None, jobs: int = 1,
-            threads: int = 1) -> dict[str, RunResult]:
+            threads: int = 1, pool: Any = None) -> dict[str, RunResult]:
     """Train every planned run under one progress bar counting gradient steps.
 
-    ``jobs`` > 1 trains that many runs at once in worker processes, each with ``threads`` torch
-    threads (the bar then advances by whole runs). Every run is seeded by its spec alone, so the
-    results are the same whichever process trains it.
+    ``jobs`` > 1 trains that many runs at once in worker processes (:func:`worker_pool`, or ``pool``
+    if given), each with ``threads`` torch threads (the bar then advances by whole runs). Every run is
+    seeded by its spec alone, so the results are the same whichever process trains it.
     """
     from tqdm.auto import tqdm
 
@@ -177,27 +178,38 @@ def execute(runs: list[PlannedRun], progress: Optional[bool] = None, jobs: int =
                 bar.set_postfix_str(f"{r.users[0][0]}:{r.spec.name}")
                 out[r.key] = execute_run(r.spec, bar.update)
             return out
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import as_completed
 
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_init_worker,
-                                 initargs=(threads,)) as pool:
+        from rwinterp.training import TrainConfig
+
+        def cost(r: PlannedRun) -> int:
+            config = TrainConfig.from_dict(r.spec.train)
+            return config.steps * config.n_train
+
+        own = pool is None
+        pool = worker_pool(jobs, threads) if own else pool
+        try:
             # Longest first (steps x training walks), so that no long run starts last.
-            from rwinterp.training import TrainConfig
-
-            def cost(r: PlannedRun) -> int:
-                config = TrainConfig.from_dict(r.spec.train)
-                return config.steps * config.n_train
-
-            order = sorted(runs, key=cost, reverse=True)
-            futures = {pool.submit(execute_run, r.spec): r for r in order}
+            futures = {pool.submit(execute_run, r.spec): r for r in sorted(runs, key=cost, reverse=True)}
             for future in as_completed(futures):
                 r = futures[future]
                 out[r.key] = future.result()
                 bar.set_postfix_str(f"{r.users[0][0]}:{r.spec.name}")
                 bar.update(r.spec.steps() + 1)
+        finally:
+            if own:
+                pool.shutdown(cancel_futures=True)
     return {r.key: out[r.key] for r in runs}
+
+
+def worker_pool(jobs: int, threads: int = 1) -> Any:
+    """A pool of ``jobs`` spawned worker processes, each with ``threads`` torch threads and every spec
+    module imported (so the quantities and figures they define are known there)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_init_worker, initargs=(threads,))
 
 
 def _init_worker(threads: int) -> None:
@@ -292,31 +304,27 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
     """
     import torch
 
-    from experiments import plots, report
+    from experiments import report
 
     start = time.perf_counter()
     load_before = _load()
     figures = select(discover(), ids)
     runs, names = plan(figures, reduced)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        trained = execute(runs, progress, jobs=jobs, threads=threads)
-    finally:
-        torch.set_num_threads(previous)
     out = Path(out)
     if write:
         require(not out.exists() or out.is_dir(), f"{out} exists and is not a directory")
         out.parent.mkdir(parents=True, exist_ok=True)
+    # One pool of workers trains the runs and then draws the figures.
+    pool = worker_pool(jobs, threads) if jobs > 1 else None
+    previous = torch.get_num_threads()
     tmp = Path(tempfile.mkdtemp(prefix=".reproduce-", dir=out.parent if write else None))
     try:
-        outcomes = []
-        for fig in figures:
-            t0 = time.perf_counter()
-            results = figure_results(fig, names, trained, reduced)
-            claims = evaluate_claims(fig, results)
-            image, errors = plots.render(fig, results, tmp)
-            outcomes.append(FigureOutcome(fig, claims, image, errors, time.perf_counter() - t0))
+        torch.set_num_threads(threads)
+        try:
+            trained = execute(runs, progress, jobs=jobs, threads=threads, pool=pool)
+        finally:
+            torch.set_num_threads(previous)
+        outcomes = draw_figures(figures, names, trained, reduced, tmp, pool)
         run_rows = [_run_row(r, trained[r.key]) for r in runs]
         rep = Report(outcomes, run_rows, time.perf_counter() - start, reduced, load_before, jobs)
         if write:
@@ -324,7 +332,43 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
             _move_into(tmp, out)
         return rep
     finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def draw_figures(figures: list[FigureSpec], names: dict[tuple[str, str], str], trained: dict[str, RunResult],
+                 reduced: bool, out_dir: Path, pool: Any = None) -> list[FigureOutcome]:
+    """Check every figure's claims and draw its PNG into ``out_dir``.
+
+    The claims are measured here, in this process, so the numbers never depend on how the work is
+    shared. Given a ``pool`` (:func:`worker_pool`), its workers draw meanwhile, figures with the most
+    panels first: drawing takes most of the time.
+    """
+    results = {fig.id: figure_results(fig, names, trained, reduced) for fig in figures}
+    drawn = sorted((fig for fig in figures if fig.panels), key=lambda fig: len(fig.panels), reverse=True)
+    futures = {fig.id: pool.submit(_draw, fig.id, results[fig.id], out_dir) for fig in drawn} if pool else {}
+    outcomes = []
+    for fig in figures:
+        t0 = time.perf_counter()
+        claims = evaluate_claims(fig, results[fig.id])
+        outcomes.append(FigureOutcome(fig, claims, None, [], time.perf_counter() - t0))
+    for outcome in outcomes:
+        fig = outcome.spec
+        if fig.panels:
+            outcome.image, outcome.draw_errors, seconds = (futures[fig.id].result() if pool
+                                                           else _draw(fig, results[fig.id], out_dir))
+            outcome.seconds += seconds
+    return outcomes
+
+
+def _draw(fig: FigureSpec | str, results: Results, out_dir: Path) -> tuple[Optional[str], list[str], float]:
+    """Draw ``fig`` (in a worker process, a discovered figure's id): (file name, panel errors, seconds)."""
+    from experiments import plots
+
+    t0 = time.perf_counter()
+    image, errors = plots.render(discover()[fig] if isinstance(fig, str) else fig, results, out_dir)
+    return image, errors, time.perf_counter() - t0
 
 
 def _run_row(planned: PlannedRun, result: RunResult) -> dict[str, Any]:

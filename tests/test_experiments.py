@@ -21,7 +21,7 @@ EXTRA_STUDIES = {"fragility", "theorem31", "lockin", "probes", "readings"}
 @pytest.fixture(scope="module")
 def reduced_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("reproduce")
-    return reproduce(["all"], out, reduced=True, progress=False), out
+    return reproduce(["all"], out, reduced=True, progress=False, jobs=2), out
 
 
 def test_every_figure_and_study_has_a_spec():
@@ -197,16 +197,26 @@ def test_readings_study_reruns_each_figures_stated_runs_with_one_change_to_the_l
                         assert mine.key() == theirs.key()
 
 
-def test_worker_processes_give_the_same_numbers():
+def test_worker_processes_give_the_same_numbers_and_figures(tmp_path):
     """Runs trained in two worker processes give the same histories and recorded quantities as one
-    process (Fig 13 records quantities that its spec module registers: the workers must know them too)."""
+    process (Fig 13 records quantities that its spec module registers: the workers must know them too),
+    and the same workers, drawing, give the same claims and the same PNG, byte for byte (Fig 5)."""
     import numpy as np
 
-    from experiments.runner import execute
+    from experiments.runner import draw_figures, execute, worker_pool
 
-    runs, _ = plan(select(discover(), ["13"]), reduced=True)
+    runs, names = plan(select(discover(), ["13", "5"]), reduced=True)
+    figures = select(discover(), ["5"])
+    for label in ("one", "two"):
+        (tmp_path / label).mkdir()
     one = execute(runs, progress=False, jobs=1)
-    two = execute(runs, progress=False, jobs=2)
+    pool = worker_pool(2)
+    try:
+        two = execute(runs, progress=False, jobs=2, pool=pool)
+        drawn = [draw_figures(figures, names, trained, True, tmp_path / label, p)
+                 for label, trained, p in (("one", one, None), ("two", two, pool))]
+    finally:
+        pool.shutdown()
     assert list(one) == list(two) == [r.key for r in runs]
     for key in one:
         assert one[key].history == two[key].history
@@ -217,5 +227,9 @@ def test_worker_processes_give_the_same_numbers():
                     assert all(np.array_equal(value[k], other[k]) for k in value)
                 else:
                     assert np.array_equal(np.asarray(value), np.asarray(other))
+    (serial,), (parallel,) = drawn
+    assert serial.draw_errors == parallel.draw_errors == [] and serial.image == parallel.image == "fig05.png"
+    assert [c.measured for c in serial.claims] == [c.measured for c in parallel.claims]
+    assert (tmp_path / "one" / "fig05.png").read_bytes() == (tmp_path / "two" / "fig05.png").read_bytes()
     with pytest.raises(RwinterpError, match="jobs"):
         execute(runs, progress=False, jobs=0)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from experiments.runner import evaluate_claims, execute, figure_results, plan, select, discover
+from experiments.spec import Results, RunResult, walk_run
 from experiments.specs import _random_init as ri
 from rwinterp.errors import RwinterpError
 from rwinterp.tasks import CircleWalk
@@ -137,6 +138,28 @@ def test_attention_ceiling_bounds_every_position_and_grows_with_u():
         ri.attention_ceiling(paper_model(task, **TINY, normalize_query=False))
 
 
+def _timeline_run(name: str, broken_from: float, full_from: float, top_weight: float) -> RunResult:
+    """A p = 1 run recorded every 10 steps to 1000: variance 0.5 from ``broken_from`` on (1e-6 before),
+    test accuracy 1 from ``full_from`` on (1/6 before), the example walk's largest weight ``top_weight``."""
+    steps = range(0, 1001, 10)
+    history = [{"step": s, "test_accuracy": 1.0 if s >= full_from else 1 / 6} for s in steps]
+    example = np.array([top_weight] + [(1 - top_weight) / 5] * 5)
+    tokens = {s: {"example": example, "var": np.full(6, 0.5 if s >= broken_from else 1e-6)} for s in steps}
+    return RunResult(walk_run(name, 6, 1.0, 97), history, {"averaged_token": tokens})
+
+
+def test_break_and_full_accuracy_timeline_on_known_runs():
+    results = Results(early=_timeline_run("early", 880, 950, 0.9), late=_timeline_run("late", 960, math.inf, 0.6),
+                      faint=_timeline_run("faint", 960, math.inf, 0.4),
+                      never=_timeline_run("never", math.inf, math.inf, 1 / 6))
+    assert [ri.breaking_step(results, r) for r in results] == [880, 960, 960, math.inf]
+    assert [ri.full_step(results, r) for r in results] == [950, math.inf, math.inf, math.inf]
+    # As the paper shows p = 1 at step 1000: broken after about 700, one token > 0.5, never 100%.
+    assert [ri.broken_below_full(results, r) for r in results] == [False, True, False, False]
+    assert ri.longest_gap(results, ["early", "late", "never"]) == 70
+    assert math.isnan(ri.longest_gap(results, ["late", "never"]))
+
+
 @pytest.fixture(scope="module")
 def reduced_results():
     figures = select(discover(), ["6", "11", "12", "13"])
@@ -148,9 +171,9 @@ def reduced_results():
 def test_reduced_specs_share_runs_and_every_claim_is_measured(reduced_results):
     figures, runs = reduced_results
     # The four figures share one run per reading and p; Fig 6 adds its sweeps (learning rate, length, AdamW),
-    # Fig 13 the other seeds of the summed reading at p = 1.
-    sweeps = sum(len(sweep.values) * len(sweep.ps) for sweep in ri.SWEEPS)
-    assert len(runs) == 2 * len(ri.READINGS) + sweeps + len(ri.SEEDS) - 1
+    # Fig 13 the other seeds of the summed and tuned readings at p = 1, and its sigma sweep at p = 1.
+    sweeps = sum(len(sweep.values) * len(sweep.ps) for sweep in ri.SWEEPS + (ri.SIGMA_SWEEP,))
+    assert len(runs) == 2 * len(ri.READINGS) + sweeps + 2 * (len(ri.SEEDS) - 1)
     for fig, results in figures.values():
         for claim in evaluate_claims(fig, results):
             assert claim.error is None, (fig.id, claim.claim, claim.error)
