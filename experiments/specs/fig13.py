@@ -53,13 +53,13 @@ SPEC = FigureSpec(
        Panel("text", "which reading reproduces Fig 13", data=Computed(lambda r: verdict(r, fig13_claims))),
        Panel("line", "(f) summed loss: accuracy by sigma", series=SIGMA_SWEEP.series(1.0),
              xlabel="step", ylabel="test accuracy", ref={"1/K": 1 / 6}, ylim=(0, 1.05)),
-       Panel("line", "(g) summed loss: break and 100% by sigma",
-             series={f"symmetry broken (variance > {BROKEN_VARIANCE})":
+       Panel("line", "(g) summed loss: break, 100% by sigma",
+             series={f"break (variance > {BROKEN_VARIANCE})":
                      Computed(lambda r: sigma_timeline(r, breaking_step), "breaking step by sigma"),
-                     "test accuracy 100%":
+                     "100% accuracy":
                      Computed(lambda r: sigma_timeline(r, full_step), "first 100% step by sigma")},
              xlabel="initialisation sigma (log)", ylabel="step", logx=True,
-             ref={"the paper: about 700": 700, "last step": 1000}, ylim=(0, 1050),
+             ref={"700 (the paper)": 700, "1000 (last step)": 1000}, ylim=(0, 1050),
              options={"style": "o-", "legend_loc": "lower left"})],
     claims=[c for reading in READINGS for c in fig13_claims(reading)] + [
         fig13_seed_claim(SUMMED),
