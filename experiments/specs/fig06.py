@@ -28,10 +28,10 @@ SPEC = FigureSpec(
              "N(0, 0.01^2) init, unit-normalised x~, lr 0.01, 1000 steps). The paper's curves: p = 0.5 reaches "
              "0.5 accuracy near step 400 and its KL falls much faster than for p = 1, which stays below 100%. "
              "As stated (mean loss) nothing moves in 1000 steps; summing the loss over the walks learns p = 0.5 "
-             "near step 400, but breaks the p = 1 symmetry earlier (about step 200) and reaches 100%; with sigma tuned "
-             "to 4e-6 (not the paper's; seed 0 only, see Fig 13) p = 1 breaks near step 960 and is still below 100% "
-             "at step 1000; (h) says which reading satisfies every claim. (i): under the mean loss, only lr 10 (the summed loss at the "
-             "stated lr 0.01) learns p = 0.5 after roughly 400 steps: the paper's timing points to the summed loss. "
+             "near step 400, but breaks the p = 1 symmetry earlier (about step 200) and reaches 100%; with sigma "
+             "tuned to 4e-6 (not the paper's; seed 0 only, see Fig 13) p = 1 breaks near step 960 and is still "
+             "below 100% at step 1000; (h) says which reading satisfies every claim. (i): under the mean loss, only "
+             "lr 10 (the summed loss at the stated lr 0.01) learns p = 0.5 after roughly 400 steps: the paper's timing points to the summed loss. "
              "(j, k): normalising x~ to a longer length r instead speeds up attention only: p = 1 reaches 100% and "
              "p = 0.5 is not learned. (l): AdamW instead of gradient descent also takes p = 1 to 100%."),
     runs=runs() + [run for sweep in SWEEPS for run in sweep.runs()],

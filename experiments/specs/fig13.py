@@ -22,8 +22,9 @@ def _variance_curve(run: str) -> Computed:
     return Computed(get, f"largest averaged-token variance of {run} by step")
 
 
-def _count(runs) -> Computed:
-    return Computed(lambda r: sum(broken_below_full(r, run) for run in runs(r)),
+def _count(names) -> Computed:
+    """How many of the runs ``names(results)`` are at step 1000 as the paper shows p = 1 there."""
+    return Computed(lambda r: sum(broken_below_full(r, run) for run in names(r)),
                     "how many of the runs look at step 1000 as the paper's p = 1 does")
 
 
