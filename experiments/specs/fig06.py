@@ -31,7 +31,8 @@ SPEC = FigureSpec(
              "near step 400, but breaks the p = 1 symmetry earlier (about step 200) and reaches 100%; with sigma "
              "tuned to 4e-6 (not the paper's; seed 0 only, see Fig 13) p = 1 breaks near step 960 and is still "
              "below 100% at step 1000; (h) says which reading satisfies every claim. (i): under the mean loss, only "
-             "lr 10 (the summed loss at the stated lr 0.01) learns p = 0.5 after roughly 400 steps: the paper's timing points to the summed loss. "
+             "lr 10 (the summed loss at the stated lr 0.01) learns p = 0.5 after roughly 400 steps: the paper's "
+             "timing points to the summed loss. "
              "(j, k): normalising x~ to a longer length r instead speeds up attention only: p = 1 reaches 100% and "
              "p = 0.5 is not learned. (l): AdamW instead of gradient descent also takes p = 1 to 100%."),
     runs=runs() + [run for sweep in SWEEPS for run in sweep.runs()],
