@@ -59,8 +59,12 @@ def _line(ax: Any, panel: Panel, results: Results) -> str:
             ax.set_ylim(0, 1)
             ax.set_yticks([0, 1e-16, 1e-8, 1])
     if len(panel.series) + len(panel.ref) > 1 or panel.options.get("legend"):
-        ax.legend(fontsize=7, loc=panel.options.get("legend_loc", "best"),
-                  ncol=panel.options.get("legend_columns", 1))
+        anchor = panel.options.get("legend_anchor")
+        legend = ax.legend(fontsize=7, loc=panel.options.get("legend_loc", "best"),
+                           ncol=panel.options.get("legend_columns", 1), bbox_to_anchor=anchor)
+        if anchor is not None:
+            # Placed beside the panel (over empty space there): the grid keeps its size.
+            legend.set_in_layout(False)
     return ""
 
 
@@ -147,6 +151,18 @@ DRAWERS: dict[str, Callable[[Any, Panel, Results], str]] = {
 }
 
 
+def _title(ax: Any, text: str, width_in: float) -> None:
+    """Set a panel title, wrapped onto more lines if it is wider than the panel's axes (about 0.8 of its
+    share of the figure): otherwise it runs into its neighbour's title or off the figure's edge."""
+    title = ax.set_title(text, fontsize=9)
+    figure = ax.figure
+    room = 0.8 * width_in * figure.dpi
+    chars = len(text)
+    while chars > 10 and title.get_window_extent(figure.canvas.get_renderer()).width > room:
+        chars -= 1
+        title.set_text(textwrap.fill(text, chars))
+
+
 def render(fig: FigureSpec, results: Results, out_dir: Path) -> tuple[str | None, list[str]]:
     """Draw ``fig`` into ``out_dir / fig<id>.png``; returns (file name, panel errors)."""
     import matplotlib
@@ -169,7 +185,7 @@ def render(fig: FigureSpec, results: Results, out_dir: Path) -> tuple[str | None
     for ax, panel in zip(flat, fig.panels):
         try:
             suffix = DRAWERS[panel.kind](ax, panel, results)
-            ax.set_title(panel.title + suffix, fontsize=9)
+            _title(ax, panel.title + suffix, w)
             ax.set_xlabel(panel.xlabel, fontsize=8)
             ax.set_ylabel(panel.ylabel, fontsize=8)
             if panel.ylim is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -155,6 +156,29 @@ def test_fig10_diagnostics_recover_the_fruit_margin_line(offset, slope, answers)
     dominance = fig10.margin_dominance(StepView(0, model, task, None))
     assert dominance == pytest.approx(abs(offset) / (2.5 * slope), rel=1e-9)
     assert (dominance >= 1) == (answers == 1)
+    # Which answers: the fruit that answers more training sentences, or both if the counts are equal.
+    for apples, oranges in ((3, 2), (2, 3), (2, 2)):
+        results["task1"].train_data = SimpleNamespace(labels=torch.tensor([0] * apples + [1] * oranges))
+        follows = answers == 2 if apples == oranges else answers == 1 and (apples > oranges) == (offset > 0)
+        assert fig10.answers_follow_label_counts(results, "task1") == follows
+
+
+def test_a_panel_title_wider_than_its_panel_is_wrapped_to_fit():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from experiments.plots import _title
+
+    figure, ax = plt.subplots(figsize=(3.2, 2.4))
+    _title(ax, "(a1) short", 3.2)
+    assert ax.get_title() == "(a1) short"
+    text = "(d'1) summed_tuned: variance over walks (step 100)"
+    _title(ax, text, 3.2)
+    assert ax.get_title().count("\n") == 1 and ax.get_title().replace("\n", " ") == text
+    assert ax.title.get_window_extent(figure.canvas.get_renderer()).width <= 0.8 * 3.2 * figure.dpi
+    plt.close(figure)
 
 
 def test_qa_seed_counts_tell_ending_at_100_from_passing_through():

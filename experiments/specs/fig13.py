@@ -50,7 +50,8 @@ SPEC = FigureSpec(
                      **{f"{reading.name}, seed {s}": _variance_curve(seed_run_name(reading, s))
                         for reading in (SUMMED, TUNED) for s in SEEDS[1:]}},
              ref={"threshold": BROKEN_VARIANCE}, logy=True,
-             xlabel="step", ylabel="variance over walks (log)"),
+             xlabel="step", ylabel="variance over walks (log)",
+             options={"legend_loc": "lower left", "legend_anchor": (1.19, 0.0), "legend_columns": 2}),
        Panel("text", "which reading reproduces Fig 13", data=Computed(lambda r: verdict(r, fig13_claims))),
        Panel("line", "(f) summed loss: accuracy by sigma", series=SIGMA_SWEEP.series(1.0),
              xlabel="step", ylabel="test accuracy", ref={"1/K": 1 / 6}, ylim=(0, 1.05)),
