@@ -41,7 +41,7 @@ def _line(ax: Any, panel: Panel, results: Results) -> str:
         else:
             y = _array(data)
             x = np.arange(len(y))
-        style = panel.options.get("style", "-")
+        style = panel.options.get("styles", {}).get(label, panel.options.get("style", "-"))
         ax.plot(x, y, style, label=label, color=colour, lw=1.6, ms=3)
         xs.append(x)
     for label, value in panel.ref.items():

@@ -274,6 +274,11 @@ class Panel:
       * ``bar``: ``data`` gives a 1-D array, or a dict label -> value.
       * ``text``: ``data`` gives a string.
       * ``custom``: ``draw(ax, results)`` does the drawing.
+
+    ``options`` holds drawing details, for lines: ``style`` (a matplotlib format such as ``"o-"``),
+    ``styles`` (the same per series label), ``legend``, ``legend_loc``, ``legend_columns`` and
+    ``legend_anchor`` (axes coordinates: the legend is drawn there, beside the panel, without
+    shrinking the grid); for the other kinds see :mod:`experiments.plots`.
     """
 
     kind: str

@@ -163,6 +163,35 @@ def test_fig10_diagnostics_recover_the_fruit_margin_line(offset, slope, answers)
         assert fig10.answers_follow_label_counts(results, "task1") == follows
 
 
+@pytest.mark.parametrize("b", [0.5, 1.0])
+def test_fig10_score_ratio_exponent_recovers_a_power_law(b):
+    """Runs whose mean scores are in the ratio (n_apple / n_orange)^b give the fitted exponent b."""
+    import torch
+
+    from experiments.spec import RunResult
+    from experiments.specs import fig10
+    from rwinterp.qa import QAMajority
+
+    task = QAMajority()
+
+    def model_with(ratio):
+        def model(tokens):
+            scores = torch.full((len(tokens), 1, task.n_states), -1.0, dtype=torch.float64)
+            scores[:, 0, 0], scores[:, 0, 1] = 2.0 * ratio, 2.0
+            return scores
+        return model
+
+    runs = {}
+    for i, (apples, oranges) in enumerate(((6, 4), (3, 5), (7, 2))):
+        labels = torch.tensor([0] * apples + [1] * oranges)
+        runs[f"r{i}"] = RunResult(None, [], {}, model=model_with((apples / oranges) ** b), task=task,
+                                  train_data=SimpleNamespace(labels=labels))
+    results = Results(runs)
+    assert fig10.score_ratio_exponent(results, list(runs)) == pytest.approx(b, rel=1e-12)
+    x, y = fig10.log_ratios(results, list(runs))
+    assert list(x) == sorted(x) and y == pytest.approx(b * x, rel=1e-12)
+
+
 def test_a_panel_title_wider_than_its_panel_is_wrapped_to_fit():
     import matplotlib
 
