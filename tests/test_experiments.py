@@ -221,9 +221,12 @@ def test_qa_seed_counts_tell_ending_at_100_from_passing_through():
     assert _qa.ending_at_one(results, ["through", "ends", "never"]) == 1
     assert _qa.passing_through_one(results, ["through", "ends", "never"]) == 1
     assert _qa.passing_through_one(results, ["ends", "never"]) == 0
-    # Every seed (Figs 7 and 10) and variant (Fig 10) is a run of the figure, with seed 0 the main run.
+    # Every seed (Figs 7 and 10, and Fig 10's balanced seeds) and variant (Fig 10) is a run of the figure, with
+    # seed 0 the main run.
     assert _qa.seed_run(0) == "task1"
-    for spec, extra in ((fig07.SPEC, set()), (fig10.SPEC, {fig10.variant_run(v) for v in fig10.VARIANTS})):
+    assert _qa.seed_run(0, "balanced_") == "balanced_task1" and _qa.seed_run(3, "balanced_") == "balanced_task1_seed3"
+    fig10_extra = {fig10.variant_run(v) for v in fig10.VARIANTS} | set(fig10.BALANCED_SEED_RUNS)
+    for spec, extra in ((fig07.SPEC, set()), (fig10.SPEC, fig10_extra)):
         names = {r.name for r in spec.runs}
         assert {_qa.seed_run(s) for s in _qa.SEEDS} | extra <= names and len(names) == len(spec.runs)
 

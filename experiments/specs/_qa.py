@@ -23,8 +23,8 @@ TASKS: dict[str, type[QATask]] = {"task1": QAMajority, "task2": QAOrder}
 SEEDS = tuple(range(10))
 
 
-def seed_run(seed: int) -> str:
-    return "task1" if seed == 0 else f"task1_seed{seed}"
+def seed_run(seed: int, prefix: str = "") -> str:
+    return f"{prefix}task1" if seed == 0 else f"{prefix}task1_seed{seed}"
 
 
 def task1_run(name: str, model: dict, train: dict, label: str) -> RunSpec:
@@ -32,9 +32,10 @@ def task1_run(name: str, model: dict, train: dict, label: str) -> RunSpec:
     return RunSpec(name, {"kind": QAMajority.kind}, model, train, Record(()), {"train": {"steps": 5}}, label=label)
 
 
-def seed_runs(model: dict, train: dict) -> list[RunSpec]:
-    """Task 1 under ``model``/``train`` with the seeds of :data:`SEEDS` other than 0."""
-    return [task1_run(seed_run(s), {**model, "seed": s}, {**train, "seed": s}, f"seed {s}") for s in SEEDS[1:]]
+def seed_runs(model: dict, train: dict, prefix: str = "", seeds: Sequence[int] = SEEDS[1:]) -> list[RunSpec]:
+    """Task 1 under ``model``/``train`` with ``seeds`` (by default those of :data:`SEEDS` other than 0,
+    whose run is the figure's main one), named by :func:`seed_run` with ``prefix``."""
+    return [task1_run(seed_run(s, prefix), {**model, "seed": s}, {**train, "seed": s}, f"seed {s}") for s in seeds]
 
 
 #: The runs of :data:`SEEDS`.
@@ -52,9 +53,9 @@ def passing_through_one(results: Results, runs: Sequence[str]) -> int:
     return sum(bool(a.max() == 1.0 and a[-1] < 1.0) for a in accs)
 
 
-def seed_panel(title: str) -> Panel:
-    """Task 1's test accuracy by step, one curve per seed."""
-    return Panel("line", title, series={f"seed {s}": History(run, "test_accuracy") for s, run in zip(SEEDS, SEED_RUNS)},
+def seed_panel(title: str, prefix: str = "") -> Panel:
+    """Task 1's test accuracy by step, one curve per seed (the runs of :func:`seed_run` with ``prefix``)."""
+    return Panel("line", title, series={f"seed {s}": History(seed_run(s, prefix), "test_accuracy") for s in SEEDS},
                  xlabel="step", ylabel="accuracy", ylim=(-0.02, 1.05), options={"legend_columns": 2})
 
 
