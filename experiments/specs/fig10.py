@@ -194,9 +194,9 @@ DIAGNOSTICS = [
           note="A gradient step on -log(f_y + eps) adds lr/n times ReLU(h)/(f_y + eps), summed over the sentences "
                "answered y, to the output row A[y], and A[y].ReLU(h) = f_y: so ||A[y]||^2 grows by about "
                "2 lr n_y / n per step once f_y >> eps, and the two fruits' rows end with norms, and scores along the "
-               "direction every sentence shares, in the ratio sqrt(n_apple / n_orange). A few per cent more sentences for one fruit give its score a lead of "
-               "a few per cent for every list, more than the apple count moves it. The same square root makes V "
-               "tend to sqrt(Pi^T) in the theorem31 study"),
+               "direction every sentence shares, in the ratio sqrt(n_apple / n_orange). x per cent more sentences "
+               "for one fruit give its score a lead of about x/2 per cent for every list, more than the apple count "
+               "moves it. The same square root makes V tend to sqrt(Pi^T) in the theorem31 study"),
     Claim(f"[the paper's setting, seeds 0 to {SEEDS[-1]}] some seeds pass through 100% for a few steps, while the "
           "two fruit scores are level, and fall back",
           Computed(lambda r: passing_through_one(r, SEED_RUNS)), at_least(1),
