@@ -210,6 +210,25 @@ def test_a_panel_title_wider_than_its_panel_is_wrapped_to_fit():
     plt.close(figure)
 
 
+@pytest.mark.parametrize("anchor", [None, (1.2, 0.0)])
+def test_a_legend_placed_beside_its_panel_leaves_the_grid_alone(anchor):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from experiments.plots import _line
+    from experiments.spec import Panel
+
+    options = {"styles": {"b": "o"}} | ({"legend_anchor": anchor} if anchor else {})
+    panel = Panel("line", series={"a": lambda r: ([0, 1], [0, 1]), "b": lambda r: ([0, 1], [1, 0])}, options=options)
+    figure, ax = plt.subplots()
+    _line(ax, panel, Results({}))
+    assert ax.get_legend().get_in_layout() == (anchor is None)
+    assert ax.get_lines()[1].get_linestyle() == "None" and ax.get_lines()[1].get_marker() == "o"
+    plt.close(figure)
+
+
 def test_qa_seed_counts_tell_ending_at_100_from_passing_through():
     from experiments.spec import RunResult
     from experiments.specs import _qa, fig07, fig10
