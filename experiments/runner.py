@@ -109,16 +109,11 @@ def plan(figures: list[FigureSpec], reduced: bool = False) -> tuple[list[Planned
 
 # -------------------------------------------------------------------------------------- execute
 def build(run: RunSpec) -> tuple[Any, Any, Any]:
-    """(model, task, train config) of a run spec. The model dict's optional ``"kind"`` names a
-    registered model kind (:func:`rwinterp.runs.build_model`; default ``"walk"``, the paper's model)."""
+    """(model, task, train config) of a run spec (:meth:`RunSpec.configs`)."""
     from rwinterp.runs import build_model
-    from rwinterp.tasks import task_from_dict
-    from rwinterp.training import TrainConfig
 
-    task = task_from_dict(run.task)
-    model_cfg = {"n_states": task.n_states, "n_ctx": task.seq_len, **run.model}
-    model = build_model(model_cfg.pop("kind", "walk"), model_cfg)
-    return model, task, TrainConfig.from_dict(run.train)
+    task, kind, model_config, train_config = run.configs()
+    return build_model(kind, model_config), task, train_config
 
 
 def execute_run(run: RunSpec, on_step: Optional[Callable[[int], None]] = None) -> RunResult:
@@ -180,10 +175,8 @@ def execute(runs: list[PlannedRun], progress: Optional[bool] = None, jobs: int =
             return out
         from concurrent.futures import as_completed
 
-        from rwinterp.training import TrainConfig
-
         def cost(r: PlannedRun) -> int:
-            config = TrainConfig.from_dict(r.spec.train)
+            config = r.spec.configs()[3]
             return config.steps * config.n_train
 
         own = pool is None

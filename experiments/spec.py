@@ -140,13 +140,43 @@ class RunSpec:
                     getattr(out, part).update(values)
         return out
 
+    def configs(self) -> tuple[Any, str, dict[str, Any], Any]:
+        """(task, model kind, model config dict, :class:`TrainConfig`) of the run, every default filled in.
+
+        The model dict's optional ``"kind"`` names a registered model kind (default ``"walk"``, the
+        paper's model); ``n_states`` and ``n_ctx`` default to the task's.
+        """
+        from rwinterp.runs import full_model_config
+        from rwinterp.tasks import task_from_dict
+        from rwinterp.training import TrainConfig
+
+        task = task_from_dict(self.task)
+        model = {"n_states": task.n_states, "n_ctx": task.seq_len, **self.model}
+        kind = model.pop("kind", "walk")
+        return task, kind, full_model_config(kind, model), TrainConfig.from_dict(self.train)
+
     def key(self) -> str:
-        """Identity of the training run (not of what is recorded): equal keys train once."""
-        blob = json.dumps({"task": self.task, "model": self.model, "train": self.train}, sort_keys=True)
+        """Identity of the training run (not of what is recorded): equal keys train once.
+
+        Built from :meth:`configs`, so two runs that differ only in spelling (a default written out or
+        left off, ``1`` or ``1.0``) are one run.
+        """
+        task, kind, model, train = self.configs()
+        blob = json.dumps(_numbers_as_floats({"task": task.to_dict(), "kind": kind, "model": model,
+                                              "train": train.to_dict()}), sort_keys=True)
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
     def steps(self) -> int:
-        return int(self.train.get("steps", 50))
+        return self.configs()[3].steps
+
+
+def _numbers_as_floats(x: Any) -> Any:
+    """``x`` with every int (not bool) inside it as a float, so that ``1`` and ``1.0`` hash alike."""
+    if isinstance(x, dict):
+        return {k: _numbers_as_floats(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_numbers_as_floats(v) for v in x]
+    return float(x) if isinstance(x, int) and not isinstance(x, bool) else x
 
 
 def _task_has_fields(task: dict[str, Any], values: Mapping[str, Any]) -> bool:

@@ -345,8 +345,9 @@ def _train(args: argparse.Namespace) -> int:
     if V is not None:
         form = "A ReLU(V X S)" if args.model == "paper" and cfg.mlp_width is not None else "V X S"
         print(f"V (f = {form}{'; a trained V approaches Pi^T' if vd is not None else ''}):")
+        cell = "{:8.3f}" if max(abs(x) for row in V for x in row) < 1e4 else "{:10.3e}"  # fixed point while it fits
         for row in V:
-            print("   " + " ".join(f"{x:8.3f}" for x in row))
+            print("   " + " ".join(cell.format(x) for x in row))
     if args.out:
         print(f"saved run   {args.out}")
     return 0

@@ -545,4 +545,5 @@ def from_walk_transformer(walk: WalkTransformer) -> DeepTransformer:
     return model
 
 
-register_model_kind("deep", ModelKind(build=DeepTransformer, config_of=lambda model: model.cfg.to_dict()))
+register_model_kind("deep", ModelKind(build=DeepTransformer, config_of=lambda model: model.cfg.to_dict(),
+                                       full_config=lambda config: DeepConfig.from_dict(config).to_dict()))

@@ -462,4 +462,5 @@ class WalkTransformer(HookedWalkModel):
 
 
 
-register_model_kind("walk", ModelKind(build=WalkTransformer, config_of=lambda model: model.cfg.to_dict()))
+register_model_kind("walk", ModelKind(build=WalkTransformer, config_of=lambda model: model.cfg.to_dict(),
+                                       full_config=lambda config: WalkTransformerConfig.from_dict(config).to_dict()))

@@ -36,10 +36,15 @@ HISTORY_FILE = "history.json"
 
 @dataclass
 class ModelKind:
-    """How to rebuild a model class from its config dict, and read its config back."""
+    """How to rebuild a model class from its config dict, and read its config back.
+
+    ``full_config`` turns a config dict into the one a built model would save, every default filled in
+    (two dicts that build the same model give the same full config); it raises on a bad one.
+    """
 
     build: Callable[[dict[str, Any]], nn.Module]
     config_of: Callable[[nn.Module], dict[str, Any]]
+    full_config: Callable[[dict[str, Any]], dict[str, Any]]
 
 
 _MODEL_KINDS: dict[str, ModelKind] = {}
@@ -72,6 +77,11 @@ def _kind(name: str) -> ModelKind:
 def model_config(model: nn.Module) -> dict[str, Any]:
     """The config dict a run of ``model`` would save (rebuild it with :func:`build_model`)."""
     return dict(_kind(model_kind_of(model)).config_of(model))
+
+
+def full_model_config(kind: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The config dict of a registered kind with every default filled in (:attr:`ModelKind.full_config`)."""
+    return dict(_kind(kind).full_config(dict(config)))
 
 
 def build_model(kind: str, config: dict[str, Any]) -> nn.Module:

@@ -61,9 +61,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         require(isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0,
-                f"lr must be positive, got {self.lr}")
+                f"lr must be positive and finite, got {self.lr}")
         require(isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps > 0,
-                f"eps must be positive, got {self.eps}")
+                f"eps must be positive and finite, got {self.eps}")
         require(isinstance(self.steps, int) and self.steps >= 0, f"steps must be >= 0, got {self.steps}")
         require(self.loss in losses.LOSSES, f"loss must be one of {', '.join(losses.LOSSES)}, got {self.loss!r}")
         require(self.optimizer in OPTIMIZERS,

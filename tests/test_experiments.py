@@ -74,6 +74,24 @@ def test_identical_runs_are_trained_once_with_the_union_of_records():
     assert len(runs) == len(set(names.values()))
 
 
+def test_runs_spelled_differently_are_one_run_and_a_real_change_is_another():
+    task = {"kind": "circle", "K": 6, "p": 0.5, "N": 13}
+    terse = RunSpec("a", task, {"pos_dim": 50}, {"lr": 1})
+    spelled = RunSpec("b", {**task, "kind": "circle"}, {"pos_dim": 50, "init": "zero", "seed": 0, "n_ctx": 13,
+                                                        "kind": "walk"}, {"lr": 1.0, "steps": 50, "seed": 0})
+    assert terse.key() == spelled.key() and terse.steps() == 50
+    changes = [RunSpec("c", {**task, "p": 0.7}, {"pos_dim": 50}, {"lr": 1}),
+               RunSpec("d", task, {"pos_dim": 50, "seed": 1}, {"lr": 1}),
+               RunSpec("e", task, {"pos_dim": 50, "kind": "deep"}, {"lr": 1}),
+               RunSpec("f", task, {"pos_dim": 50}, {"lr": 1, "reduction": "sum"})]
+    assert len({terse.key()} | {run.key() for run in changes}) == 1 + len(changes)
+    specs = [FigureSpec(name, "t", "c", runs=[run]) for name, run in (("x", terse), ("y", spelled))]
+    runs, names = plan(specs)
+    assert len(runs) == 1 and names[("x", "a")] == names[("y", "b")]
+    with pytest.raises(RwinterpError, match="lr must be positive"):
+        RunSpec("g", task, {"pos_dim": 50}, {"lr": -1}).key()
+
+
 def test_same_seed_gives_the_same_numbers(tmp_path):
     a = reproduce(["4"], tmp_path / "a", reduced=True, progress=False)
     b = reproduce(["4"], tmp_path / "b", reduced=True, progress=False)

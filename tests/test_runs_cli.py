@@ -63,6 +63,7 @@ def test_cli_train_json_and_run_directory(tmp_path, capsys):
         (["--N", "1"], "N must be an integer >= 2"),
         (["--M", "5"], "M >= N"),
         (["--lr", "0"], "lr must be positive"),
+        (["--lr", "inf"], "lr must be positive and finite, got inf"),
         (["--eps", "-1"], "eps must be positive"),
         (["--N", "40", "--population"], "population mode would enumerate"),
         (["--steps", "x"], "invalid int value"),
@@ -77,6 +78,19 @@ def test_cli_bad_input_is_one_line(args, message, capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cli_prints_a_huge_V_in_columns_of_fixed_width(capsys):
+    """A learning rate that blows V up to 1e299 still prints V as a K x K table (scientific notation),
+    the same width as a small V's, not as 300-digit numbers."""
+    widths = []
+    for lr in ("1", "1e300"):
+        assert main(["train", *SMALL, "--lr", lr, "--no-progress"]) == 0
+        out = capsys.readouterr().out
+        rows = out[out.index("V (f = V X S"):].splitlines()[1:6]
+        assert all(len(row.split()) == 5 for row in rows)
+        widths.append(max(len(row) for row in rows))
+    assert "e+" in rows[0] and widths[1] <= widths[0] + 10
 
 
 def test_cli_normalisation_and_reduction_reach_the_run(tmp_path, capsys):

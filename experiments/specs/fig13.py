@@ -1,16 +1,16 @@
 """Figure 13: p = 1 from small random initialisation: the attention-averaged token and its variance."""
 
 from experiments.spec import Claim, Computed, FigureSpec, Panel, at_least
-from experiments.specs._random_init import (BROKEN_VARIANCE, READINGS, REDUCED, SEEDS, SIGMA_SWEEP, breaking_step,
-                                            broken_below_full, fig13_claims, fig13_seed_claim, full_step,
-                                            longest_gap, max_variance, reading_named, run_name, runs,
+from experiments.specs._random_init import (BROKEN_VARIANCE, MUCH_MORE_WEIGHT, READINGS, REDUCED, SEEDS, SIGMA_SWEEP,
+                                            breaking_step, broken_below_full, fig13_claims, fig13_seed_claim,
+                                            full_step, longest_gap, max_variance, reading_named, run_name, runs,
                                             seed_run_name, seed_run_names, seed_runs, sigma_timeline,
                                             snapshot_panels, verdict)
 
 SUMMED, TUNED = reading_named("summed"), reading_named("summed_tuned")
 SIGMAS = ", ".join(f"{v:g}" for v in SIGMA_SWEEP.all_values())
-AT_1000 = ("its symmetry broke after about step 700, one token of the example walk has more than half the weight, "
-           "and it never reached 100%")
+AT_1000 = (f"its symmetry broke after about step 700, one token of the example walk has more than "
+           f"{MUCH_MORE_WEIGHT:g} of the weight, and it never reached 100%")
 
 
 def _variance_curve(run: str) -> Computed:
