@@ -7,6 +7,7 @@ against exact values where the theory gives them.
 """
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -111,6 +112,40 @@ def test_kl_quantities_are_exact_on_known_outputs():
         assert kl(flat, ri.softmax) == pytest.approx(uniform_kl, rel=1e-12)
         # Negative scores are clipped: only the positive part is normalised.
         assert kl(truth - 0.1, ri.clipped_normalised) == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("K", [5, 6, 8])
+def test_kl_of_clipped_scores_halves_exactly_at_beta_over_c_sqrt_2K(K):
+    """V = c 11^T + beta Pi^T read at the parent gives f = c 1 + beta Pi^T x_{N-1}: the fit recovers
+    (c, beta), and the KL of f+/sum f+ at p = 0.5 is half the uniform prediction's exactly at
+    beta / c = sqrt(2K), above half below it and below half above it."""
+    task = CircleWalk(K, 0.5, 11)
+    test = task.sample(40, 1)
+    Pi = task.transition_matrix()
+    half = ri.kl_uniform(SimpleNamespace(task=task, test=test)) / 2
+    assert half == pytest.approx(math.log(K / 2) / 2, rel=1e-12)
+    c = 0.7
+    for ratio, side in ((ri.halving_ratio(K), 0), (0.9 * ri.halving_ratio(K), 1), (1.1 * ri.halving_ratio(K), -1)):
+        V = c * torch.ones(K, K, dtype=torch.float64) + ratio * c * Pi.T
+        assert ri.ones_and_transition(V.numpy(), Pi.numpy()) == pytest.approx((c, ratio * c), rel=1e-12)
+        scores = torch.nn.functional.one_hot(test.tokens[:, -2], K).double() @ V.T
+        kl = ri.kl_to_truth(task, test.tokens, scores, ri.clipped_normalised)
+        assert (kl == pytest.approx(half, rel=1e-12)) if side == 0 else (np.sign(kl - half) == side)
+
+
+def test_ones_part_drift_is_measured_from_the_step_attention_locks():
+    """On a recorded V whose all-ones part grows until the step the parent attention passes 0.9 and then
+    stays, the drift is 0 and beta / c is read at the last step; a run that never locks gives NaN."""
+    task = CircleWalk(6, 0.5, 13)
+    Pi = task.transition_matrix().numpy()
+    steps = range(0, 101, 10)
+    c = {s: min(s, 40) / 10 + 0.1 for s in steps}
+    V = {s: c[s] * np.ones((6, 6)) + s / 20 * Pi.T for s in steps}
+    for lock, drift in ((40, 0.0), (30, 1 / 4.1), (math.inf, math.nan)):
+        history = [{"step": s, "parent_attention": 0.95 if s >= lock else 0.1} for s in range(101)]
+        results = Results(run=RunResult(walk_run("run", 6, 0.5, 13), history, {"V": V}, task=task))
+        assert ri.ones_part_drift(results, "run") == pytest.approx(drift, rel=1e-12, nan_ok=True)
+        assert ri.transition_to_ones(results, "run") == pytest.approx(5 / 4.1, rel=1e-12)
 
 
 def test_attention_ceiling_bounds_every_position_and_grows_with_u():

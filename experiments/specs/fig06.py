@@ -2,8 +2,9 @@
 
 from experiments.spec import Claim, Computed, FigureSpec, History, Panel, at_least, at_most, near
 from experiments.specs._random_init import (ADAM_STEPS, ADAM_SWEEP, K, LR_SWEEP, NORM_SWEEP, READINGS, REDUCED,
-                                            ROUGHLY_400, SWEEPS, fig6_claims, max_accuracy, only_match,
-                                            reading_series, runs, sweep_matches, verdict)
+                                            ROUGHLY_400, SWEEPS, fig6_claims, halving_ratio, kl_why_claims,
+                                            max_accuracy, only_match, reading_named, reading_series, runs,
+                                            sweep_matches, v_parts, verdict)
 
 ROUGHLY = f"first step within 3 standard errors of 0.5 in [{ROUGHLY_400[0]}, {ROUGHLY_400[1]}]"
 
@@ -14,6 +15,21 @@ def _values(sweep) -> str:
 
 def _curves(p: float, key: str) -> dict:
     return reading_series(p, lambda run: History(run, key))
+
+
+def _v_part(which: int):
+    """Series source: (steps, c) for ``which`` 1, (steps, beta / c) for 2, of a run's V (:func:`v_parts`),
+    from the first step after the initialisation (where c, about sigma, is no scale for beta)."""
+    def source(run: str) -> Computed:
+        def get(results):
+            steps, c, beta = v_parts(results, run)
+            return steps[1:], (c if which == 1 else beta / c)[1:]
+        return Computed(get, f"{'c' if which == 1 else 'beta / c'} of {run}'s V by step")
+    return source
+
+
+#: The readings that learn p = 0.5 (their KL is explained by the claims of :func:`kl_why_claims`).
+LEARNING = ("summed", "summed_tuned")
 
 
 def _panel(letter: str, p: float, key: str, what: str, **kw) -> Panel:
@@ -34,7 +50,10 @@ SPEC = FigureSpec(
              "lr 10 (the summed loss at the stated lr 0.01) learns p = 0.5 after roughly 400 steps: the paper's "
              "timing points to the summed loss. "
              "(j, k): normalising x~ to a longer length r instead speeds up attention only: p = 1 reaches 100% and "
-             "p = 0.5 is not learned. (l): AdamW instead of gradient descent also takes p = 1 to 100%."),
+             "p = 0.5 is not learned. (l): AdamW instead of gradient descent also takes p = 1 to 100%. (m, n): why the "
+             "KL of f+/sum f+ falls slowly for p = 0.5 even where p = 0.5 is learned: V = c 11^T + beta Pi^T, and the "
+             "all-ones part c, built while attention is still uniform, stays once attention is on the parent, while "
+             "beta grows like sqrt(t); f+/sum f+ halves the KL only once beta / c reaches sqrt(2K) (dashed)."),
     runs=runs() + [run for sweep in SWEEPS for run in sweep.runs()],
     panels=[
         _panel("a", 0.5, "test_accuracy", "test accuracy", ref={"Bayes 0.5": 0.5, "1/K": 1 / K}, ylim=(0, 1.05)),
@@ -56,8 +75,14 @@ SPEC = FigureSpec(
               ylim=(0, 1.05)),
         Panel("line", "(l) p = 1, AdamW (mean loss): accuracy by lr", series=ADAM_SWEEP.series(1.0),
               xlabel="step", ylabel="test accuracy", ref={"1/K": 1 / K}, ylim=(0, 1.05)),
+        Panel("line", "(m) p = 0.5: all-ones part c of V = c 11^T + beta Pi^T", series=reading_series(0.5, _v_part(1)),
+              xlabel="step", ylabel="c", options={"legend_loc": "lower right"}),
+        Panel("line", "(n) p = 0.5: beta / c", series=reading_series(0.5, _v_part(2)), xlabel="step",
+              ylabel="beta / c", ref={"f+/sum f+ halves the KL above sqrt(2K)": halving_ratio(K)},
+              options={"legend_loc": "lower left", "legend_anchor": (1.02, 0.0)}),
     ],
-    claims=[c for reading in READINGS for c in fig6_claims(reading)] + [
+    claims=[c for reading in READINGS for c in fig6_claims(reading)]
+    + [c for name in LEARNING for c in kl_why_claims(reading_named(name))] + [
         Claim(f"[lr sweep] of the mean-loss learning rates {_values(LR_SWEEP)} (0.01: the paper's; 10: the summed "
               "reading), only lr 10 learns p = 0.5 after roughly 400 steps",
               Computed(lambda r: only_match(r, LR_SWEEP)), near(10.0, 0.0),
@@ -80,6 +105,6 @@ SPEC = FigureSpec(
                    "rate tried (panel l), earlier than the paper's 1000 steps allow, so Adam does not reproduce "
                    "Fig 6 either."),
     ],
-    layout=(3, 4),
+    layout=(4, 4),
     reduced=REDUCED,
 )
