@@ -58,6 +58,8 @@ def _line(ax: Any, panel: Panel, results: Results) -> str:
             ax.set_yscale("symlog", linthresh=1e-16)
             ax.set_ylim(0, 1)
             ax.set_yticks([0, 1e-16, 1e-8, 1])
+    if "yticks" in panel.options:  # e.g. only the meaningful ticks where ylim leaves room for a legend
+        ax.set_yticks(panel.options["yticks"])
     if len(panel.series) + len(panel.ref) > 1 or panel.options.get("legend"):
         anchor = panel.options.get("legend_anchor")
         legend = ax.legend(fontsize=7, loc=panel.options.get("legend_loc", "best"),
@@ -124,7 +126,9 @@ def _bar(ax: Any, panel: Panel, results: Results) -> str:
     ax.bar(x, y, color=sns.color_palette("colorblind")[panel.options.get("colour", 0)])
     if len(y) <= 25:
         ax.set_xticks(x)
-        ax.set_xticklabels(labels, rotation=panel.options.get("rotation", 0), fontsize=7)
+        rotation = panel.options.get("rotation", 0)
+        ax.set_xticklabels(labels, rotation=rotation, fontsize=7, ha="right" if rotation else "center",
+                           rotation_mode="anchor")
     for label, v in panel.ref.items():
         ax.axhline(v, ls="--", color="0.35", lw=1, label=label)
     if panel.ref:

@@ -308,7 +308,8 @@ class Panel:
     ``options`` holds drawing details, for lines: ``style`` (a matplotlib format such as ``"o-"``),
     ``styles`` (the same per series label), ``legend``, ``legend_loc``, ``legend_columns`` and
     ``legend_anchor`` (axes coordinates: the legend is drawn there, beside the panel, without
-    shrinking the grid); for the other kinds see :mod:`experiments.plots`.
+    shrinking the grid), ``yticks``; for bars ``rotation`` of the labels; for the other kinds see
+    :mod:`experiments.plots`.
     """
 
     kind: str

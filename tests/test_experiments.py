@@ -7,6 +7,7 @@ import json
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from experiments.runner import discover, evaluate_claims, plan, reproduce, select
@@ -210,6 +211,22 @@ def test_fig10_score_ratio_exponent_recovers_a_power_law(b):
     assert list(x) == sorted(x) and y == pytest.approx(b * x, rel=1e-12)
 
 
+def test_attention_off_the_parent_keeps_its_digits_below_float_resolution():
+    """Theorem 3.1's exp(-Omega(N)) off-parent attention is summed term by term: 1 - parent attention
+    would round it to 0."""
+    from experiments.spec import RunResult
+    from experiments.specs.theorem31 import off_parent_attention
+    from rwinterp.tasks import CircleWalk
+
+    task = CircleWalk(6, 0.7, 9)
+    attention = np.full(9, 1e-40)
+    attention[task.parent_positions()[0]] = 1.0 - 8e-40
+    results = Results(run=RunResult(walk_run("run", 6, 0.7, 9), [{"step": 0}], {"attention": {0: attention}},
+                                    task=task))
+    assert 1.0 - results["run"].final["attention"][7] == 0.0
+    assert off_parent_attention(results, "run") == pytest.approx(8e-40, rel=1e-12)
+
+
 def test_a_panel_title_wider_than_its_panel_is_wrapped_to_fit():
     import matplotlib
 
@@ -244,6 +261,26 @@ def test_a_legend_placed_beside_its_panel_leaves_the_grid_alone(anchor):
     _line(ax, panel, Results({}))
     assert ax.get_legend().get_in_layout() == (anchor is None)
     assert ax.get_lines()[1].get_linestyle() == "None" and ax.get_lines()[1].get_marker() == "o"
+    plt.close(figure)
+
+
+def test_tick_options_set_the_ticks_and_rotated_bar_labels_end_at_their_bar():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from experiments.plots import _bar, _line
+    from experiments.spec import Panel
+
+    figure, (left, right) = plt.subplots(1, 2)
+    _line(left, Panel("line", series={"a": lambda r: ([0, 1], [0, 1])}, ylim=(0, 1.6),
+                      options={"yticks": [0, 0.5, 1]}), Results({}))
+    assert list(left.get_yticks()) == [0, 0.5, 1]
+    _bar(right, Panel("bar", data=lambda r: {"first": 1.0, "second": 2.0}, options={"rotation": 45}), Results({}))
+    labels = right.get_xticklabels()
+    assert [t.get_text() for t in labels] == ["first", "second"]
+    assert all(t.get_rotation() == 45 and t.get_horizontalalignment() == "right" for t in labels)
     plt.close(figure)
 
 

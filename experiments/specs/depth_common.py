@@ -89,11 +89,13 @@ def scorecard_vs_random(results: Results, run: str) -> dict[str, Any]:
 
 SCORE_KEYS = ("accuracy", "parent_attention", "attention.uniformity", "patching.localization",
               "patching.necessity")
+#: Column headings of :func:`score_table` where the score's own name is too wide (13 characters).
+COLUMN_LABELS = {"parent_attention": "parent attn"}
 
 
 def score_table(results: Results, runs: list[str], keys: tuple[str, ...] = SCORE_KEYS) -> str:
     """A text table: each run's probe scores, trained / mean of random-initialised models."""
-    short = {k: k.split(".")[-1][:11] for k in keys}
+    short = {k: COLUMN_LABELS.get(k, k.split(".")[-1])[:13] for k in keys}
     lines = ["run            " + " ".join(f"{short[k]:>13s}" for k in keys), "(trained / random init)"]
     for run in runs:
         card = scorecard_vs_random(results, run)

@@ -68,13 +68,14 @@ SPEC = FigureSpec(
     panels=[
         Panel("line", "(a) test accuracy by step", series={label: History(name, "test_accuracy")
                                                            for name, _, _, label in VARIANTS},
-              ref={"chance 1/K": CHANCE}, xlabel="step", ylabel="accuracy", ylim=(0, 1.05)),
+              ref={"chance 1/K": CHANCE}, xlabel="step", ylabel="accuracy", ylim=(0, 1.6),
+              options={"legend_loc": "upper center", "legend_columns": 2, "yticks": [0, 0.2, 0.4, 0.6, 0.8, 1.0]}),
         Panel("bar", "(b) final test accuracy", data=_final("test_accuracy"), ref={"chance 1/K": CHANCE},
-              ylabel="accuracy"),
+              ylabel="accuracy", options={"rotation": 45}),
         Panel("bar", "(c) steps to reach 99% test accuracy (last step + 1: never)", data=Computed(_steps_to_solve),
-              ylabel="steps"),
+              ylabel="steps", options={"rotation": 45}),
         Panel("bar", "(d) mean attention on the parent (layer 0, head 0)", data=_final("parent_attention"),
-              ylabel="attention"),
+              ylabel="attention", options={"rotation": 45}),
         Panel("text", "(e) probe scores, trained / random-initialised (mean of 2 seeds)",
               data=Computed(lambda r: score_table(r, NAMES))),
     ],

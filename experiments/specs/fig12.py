@@ -16,8 +16,9 @@ SPEC = FigureSpec(
     panels=[panel for reading in READINGS
             for panel in snapshot_panels(reading, 1.0, chr(97 + READINGS.index(reading)), "V")]
     + [Panel("line", "(e) V column spread by step", series=reading_series(
-        1.0, lambda run: History(run, "v_column_spread")), ref={"threshold": ONES_SPREAD}, logy=True,
-        xlabel="step", ylabel="column spread (log)"),
+        1.0, lambda run: History(run, "v_column_spread")), ref={"proportional to all-ones below": ONES_SPREAD},
+        logy=True, xlabel="step", ylabel="column spread (log)",
+        options={"legend_loc": "lower left", "legend_anchor": (1.04, 0.0)}),
        Panel("text", "which reading reproduces Fig 12", data=Computed(lambda r: verdict(r, fig12_claims)))],
     claims=[c for reading in READINGS for c in fig12_claims(reading)],
     layout=(len(READINGS) + 1, 4),

@@ -43,7 +43,9 @@ def margin(results: Results, n: int, seed: int) -> float:
     return float((parent - other) / abs(parent))
 
 
-def grouped(key):
+def grouped(key, legend: bool = False):
+    """Bars of ``key(results, n_train, seed)`` per data seed, one colour per training-set size (with a
+    legend if ``legend``: one panel carries it, where it covers no bar)."""
     def draw(ax, results: Results) -> None:
         import seaborn as sns
 
@@ -55,7 +57,8 @@ def grouped(key):
         ax.set_xticks(x)
         ax.set_xticklabels([str(s) for s in SEEDS])
         ax.axhline(0, color="0.3", lw=0.8)
-        ax.legend(fontsize=7)
+        if legend:
+            ax.legend(fontsize=7)
 
     return draw
 
@@ -79,7 +82,8 @@ CLAIMS = [
 SPEC = FigureSpec(
     id="lockin",
     title="K = 20, p = 0.7: lock-in on a wrong position with 1000, 30000 and 100000 training walks",
-    caption=("(a) Final attention on the parent for each data seed: near 0 means the attention locked onto another "
+    caption=("(a) Final attention on the parent for each data seed (colour: training walks, legend in b): near 0 "
+             "means the attention locked onto another "
              "position in the first steps. (b) Relative lead of the parent's positional attention "
              "logit over position N-3 after step 2: tiny and of either sign, so the sample decides. (c) Test "
              "accuracy: a locked model is stuck well below max(p, 1-p) = 0.7."),
@@ -87,7 +91,7 @@ SPEC = FigureSpec(
     panels=[
         Panel("custom", "(a) final parent attention", draw=grouped(lambda r, n, s: r[name(n, s)].final["parent_attention"]),
               xlabel="data seed", ylabel="attention on N-1"),
-        Panel("custom", "(b) step-2 logit lead of N-1 over N-3", draw=grouped(margin), xlabel="data seed",
+        Panel("custom", "(b) step-2 logit lead of N-1 over N-3", draw=grouped(margin, legend=True), xlabel="data seed",
               ylabel="(l_{N-1} - l_{N-3}) / |l_{N-1}|"),
         Panel("custom", "(c) test accuracy", draw=grouped(lambda r, n, s: r[name(n, s)].final["test_accuracy"]),
               xlabel="data seed", ylabel="accuracy", ref={}),

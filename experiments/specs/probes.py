@@ -65,7 +65,9 @@ def draw(run: str):
         ax.set_xticks(x)
         ax.set_xticklabels(keys, rotation=60, ha="right", fontsize=6)
         ax.axhline(0, color="0.3", lw=0.8)
-        ax.legend(fontsize=6)
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(lo, hi + 0.2 * (hi - lo))  # a band above the bars for the legend
+        ax.legend(fontsize=6, loc="upper left", ncol=2)
 
     return panel
 
