@@ -52,7 +52,7 @@ from experiments.specs import fig07
 from experiments.specs._qa import (QA_MODEL, SEED_RUNS, SEEDS, ending_at_one, passing_through_one, qa_figure,
                                    seed_panel, seed_run, seed_runs, task1_run)
 from rwinterp.model import predict
-from rwinterp.qa import token_of
+from rwinterp.qa import QAMajority, token_of
 
 MODEL = {**QA_MODEL, "mlp_width": 19}
 TRAIN = {"lr": 0.1, "eps": 0.1, "steps": 100, "n_train": 1024, "n_test": 1024}
@@ -84,7 +84,7 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
 
 #: Fig 7's attention-only model on task 1, its stated setting (the same run as Fig 7's, trained once), to
 #: measure the fruit margin where the same loss does learn task 1.
-ATTENTION_ONLY = RunSpec("attention_only_task1", {"kind": "qa_majority"}, dict(QA_MODEL), dict(fig07.TRAIN),
+ATTENTION_ONLY = RunSpec("attention_only_task1", {"kind": QAMajority.kind}, dict(QA_MODEL), dict(fig07.TRAIN),
                          Record(("margin_dominance",), at=None), {"train": {"steps": 30}},
                          label="Fig 7's attention-only model")
 
