@@ -398,11 +398,13 @@ def kl_speedup(results: Results, reading: Reading, key: str) -> float:
 
 
 def ones_and_transition(V: Any, Pi: Any) -> tuple[float, float]:
-    """(c, beta) of the least-squares fit ``V ~ c 11^T + beta Pi^T``: V's all-ones part and its Pi^T part."""
-    V, Pi = np.asarray(V, dtype=float), np.asarray(Pi, dtype=float)
-    basis = np.stack([np.ones(V.size), Pi.T.ravel()], 1)
-    (c, beta), *_ = np.linalg.lstsq(basis, V.ravel(), rcond=None)
-    return float(c), float(beta)
+    """(c, beta) of the least-squares fit ``V ~ c 11^T + beta Pi^T``: V's all-ones part and its Pi^T part
+    (the probes' affine fit of V^T against Pi, :func:`probes.transition.compare_to_transition`)."""
+    from probes.transition import compare_to_transition
+
+    fit = compare_to_transition(torch.as_tensor(np.asarray(V, dtype=float)).T,
+                                torch.as_tensor(np.asarray(Pi, dtype=float)))
+    return fit.affine_b, fit.affine_a
 
 
 def v_parts(results: Results, run: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
