@@ -36,7 +36,7 @@ count-dependent direction stays behind.
 What was tried is run, not listed: task 1 under the stated loss with seeds 0 to 9 (some pass
 through 100% for a few steps while the two fruit scores cross, and fall back) and under
 :data:`VARIANTS` of the setting (learning rate, summed loss, longer training, larger init, raw x~,
-a balanced training set, alone and with lr 1 for 1000 steps, other optimisers, float32).
+eps, a balanced training set, alone and with lr 1 for 1000 steps, other optimisers, float32).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ NOTE = ("The stated loss -log(f_y + eps) rewards a large f_y and never penalises
         "fruit scores can grow together while their input-dependent difference stays small, and the model "
         "predicts one fruit for every list, the one that answers more of the training sentences (see the "
         "diagnostic claims). Tried, each a run of this figure (last "
-        "two panels): seeds 0 to 9, and lr 1 and 10, the summed loss, 1000 steps, sigma 0.1, raw x~, a balanced "
+        "two panels): seeds 0 to 9, and lr 1 and 10, eps 0.01 and 1, the summed loss, 1000 steps, sigma 0.1, raw x~, a balanced "
         "training set (population mode), the balanced set with lr 1 for 1000 steps (the variant that comes "
         "closest), AdamW, SGD with batches of 32 and float32; none ends at 100%. "
         "With a balanced training set (each list 32 times, as 1024 = 32 x 32 suggests) task 1 ends at 100% for "
@@ -70,6 +70,8 @@ NOTE = ("The stated loss -log(f_y + eps) rewards a large f_y and never penalises
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "lr 1": ({}, {"lr": 1.0}),
     "lr 10": ({}, {"lr": 10.0}),
+    "eps 0.01": ({}, {"eps": 0.01}),
+    "eps 1": ({}, {"eps": 1.0}),
     "summed loss": ({}, {"reduction": "sum"}),
     "1000 steps": ({}, {"steps": 1000}),
     "sigma 0.1": ({"init_sigma": 0.1}, {}),
