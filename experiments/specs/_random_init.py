@@ -340,9 +340,14 @@ def breaking_step(results: Results, run: str) -> float:
     return first_step(results, run, "averaged_token", lambda a: max_variance(a) > BROKEN_VARIANCE)
 
 
+def first_step_above(results: Results, run: str, key: str, threshold: float) -> float:
+    """First step whose history ``key`` exceeds ``threshold`` (inf if none)."""
+    return float(next((h["step"] for h in results[run].history if h[key] > threshold), math.inf))
+
+
 def full_step(results: Results, run: str) -> float:
     """First step at which the test accuracy exceeds 0.999 (inf if never)."""
-    return float(next((h["step"] for h in results[run].history if h["test_accuracy"] > 0.999), math.inf))
+    return first_step_above(results, run, "test_accuracy", 0.999)
 
 
 def broken_below_full(results: Results, run: str) -> bool:
@@ -430,16 +435,11 @@ def halving_ratio(K: int) -> float:
     return math.sqrt(2 * K)
 
 
-def locked_step(results: Results, run: str, attention: float = 0.9) -> float:
-    """First step at which the mean attention on the parent exceeds ``attention`` (inf if none)."""
-    return float(next((h["step"] for h in results[run].history if h["parent_attention"] > attention), math.inf))
-
-
 def ones_part_drift(results: Results, run: str) -> float:
     """Relative change of V's all-ones part c from the first recorded V after attention locks onto the
-    parent (:func:`locked_step`) to the last step (NaN if it never locks)."""
+    parent (mean parent attention above 0.9) to the last step (NaN if it never locks)."""
     steps, c, _ = v_parts(results, run)
-    lock = locked_step(results, run)
+    lock = first_step_above(results, run, "parent_attention", 0.9)
     after = np.flatnonzero(steps >= lock)
     if not after.size:
         return math.nan

@@ -1,5 +1,9 @@
 """Figure 6: small random initialisation, p = 0.5 against p = 1: accuracy and KL by step, per reading."""
 
+from typing import Callable
+
+import numpy as np
+
 from experiments.spec import Claim, Computed, FigureSpec, History, Panel, at_least, at_most, near
 from experiments.specs._random_init import (ADAM_STEPS, ADAM_SWEEP, K, LR_SWEEP, NORM_SWEEP, READINGS, REDUCED,
                                             ROUGHLY_400, SWEEPS, fig6_claims, halving_ratio, kl_why_claims,
@@ -17,14 +21,14 @@ def _curves(p: float, key: str) -> dict:
     return reading_series(p, lambda run: History(run, key))
 
 
-def _v_part(which: int):
-    """Series source: (steps, c) for ``which`` 1, (steps, beta / c) for 2, of a run's V (:func:`v_parts`),
-    from the first step after the initialisation (where c, about sigma, is no scale for beta)."""
+def _v_part(what: str, part: Callable[[np.ndarray, np.ndarray], np.ndarray]):
+    """Series source: ``part(c, beta)`` of a run's V (:func:`v_parts`) by step, from the first step after
+    the initialisation (where c, about sigma, is no scale for beta)."""
     def source(run: str) -> Computed:
         def get(results):
             steps, c, beta = v_parts(results, run)
-            return steps[1:], (c if which == 1 else beta / c)[1:]
-        return Computed(get, f"{'c' if which == 1 else 'beta / c'} of {run}'s V by step")
+            return steps[1:], part(c, beta)[1:]
+        return Computed(get, f"{what} of {run}'s V by step")
     return source
 
 
@@ -75,9 +79,11 @@ SPEC = FigureSpec(
               ylim=(0, 1.05)),
         Panel("line", "(l) p = 1, AdamW (mean loss): accuracy by lr", series=ADAM_SWEEP.series(1.0),
               xlabel="step", ylabel="test accuracy", ref={"1/K": 1 / K}, ylim=(0, 1.05)),
-        Panel("line", "(m) p = 0.5: all-ones part c of V = c 11^T + beta Pi^T", series=reading_series(0.5, _v_part(1)),
+        Panel("line", "(m) p = 0.5: all-ones part c of V = c 11^T + beta Pi^T",
+              series=reading_series(0.5, _v_part("c", lambda c, beta: c)),
               xlabel="step", ylabel="c", options={"legend_loc": "lower right"}),
-        Panel("line", "(n) p = 0.5: beta / c", series=reading_series(0.5, _v_part(2)), xlabel="step",
+        Panel("line", "(n) p = 0.5: beta / c",
+              series=reading_series(0.5, _v_part("beta / c", lambda c, beta: beta / c)), xlabel="step",
               ylabel="beta / c", ref={"f+/sum f+ halves the KL above sqrt(2K)": halving_ratio(K)},
               options={"legend_loc": "lower left", "legend_anchor": (1.02, 0.0)}),
     ],
