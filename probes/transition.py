@@ -80,6 +80,19 @@ class MatrixComparison:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "matrix"}
 
 
+def _affine_fit(x: list[float], y: list[float]) -> tuple[float, float]:
+    """(a, b) of the least-squares line ``y ~ a x + b``, with exactly rounded sums (``math.fsum``), so the
+    fit is the same to the last bit whatever the memory layout (LAPACK's least squares is not).
+    A constant ``x`` (nothing to tell the slope from the offset) gives the minimum-norm solution."""
+    n = len(x)
+    mx, my = math.fsum(x) / n, math.fsum(y) / n
+    sxx = math.fsum((xi - mx) ** 2 for xi in x)
+    if sxx == 0.0:  # x = mx everywhere: min ||(a, b)|| subject to a mx + b = my
+        return my * mx / (mx * mx + 1.0), my / (mx * mx + 1.0)
+    a = math.fsum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / sxx
+    return a, my - a * mx
+
+
 def compare_to_transition(C: Float[Tensor, "K K"], Pi: Float[Tensor, "K K"]) -> MatrixComparison:
     """Every comparison of the module docstring, for ``C`` in Pi's orientation (``C = V^T``)."""
     C = C.detach().to(torch.float64)
@@ -92,11 +105,10 @@ def compare_to_transition(C: Float[Tensor, "K K"], Pi: Float[Tensor, "K K"]) -> 
 
     best = Pi >= Pi.amax(1, keepdim=True) - 1e-12
     agreement = float(best[torch.arange(K), predict(C)].to(torch.float64).mean())
-    X = torch.stack([Pi.flatten(), torch.ones(K * K, dtype=torch.float64)], 1)
+    a, b = _affine_fit(Pi.flatten().tolist(), C.flatten().tolist())
     y = C.flatten()
-    (a, b) = torch.linalg.lstsq(X, y[:, None]).solution[:, 0].tolist()
     total = float(((y - y.mean()) ** 2).sum())
-    resid = float(((y - X @ torch.tensor([a, b], dtype=torch.float64)) ** 2).sum())
+    resid = float(((y - (a * Pi.flatten() + b)) ** 2).sum())
     r2 = 1.0 - resid / total if total > 1e-24 * max(1.0, float((y**2).sum())) else math.nan
     logq = torch.log_softmax(C, dim=1)
     kl = float(torch.where(Pi > 0, Pi * (Pi.clamp(min=1e-300).log() - logq), 0.0).sum(1).mean())

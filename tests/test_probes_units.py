@@ -167,6 +167,29 @@ def test_comparisons_of_a_matrix_with_pi():
     assert math.isnan(compare_to_transition(torch.zeros(6, 6, dtype=torch.float64), Pi).distance)
 
 
+def test_the_affine_fit_is_least_squares_and_the_same_to_the_last_bit_for_any_memory_layout():
+    """V ~ a Pi^T + b 1: the same (a, b) as LAPACK's least squares (minimum norm when Pi is constant),
+    and bit-identical for copies of V at every memory offset, where LAPACK's can differ in the last bit."""
+    import numpy as np
+
+    from probes.transition import _affine_fit
+
+    Pi = circle_transition(6, 0.7)
+    V = torch.randn(6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    for x in (Pi.flatten(), torch.full((36,), 0.25, dtype=torch.float64)):
+        X = np.stack([x.numpy(), np.ones(36)], 1)
+        expected = np.linalg.lstsq(X, V.flatten().numpy(), rcond=None)[0]
+        assert _affine_fit(x.tolist(), V.flatten().tolist()) == pytest.approx(tuple(expected), rel=1e-12)
+    fits = set()
+    for offset in range(8):
+        buffer = torch.empty(36 + offset, dtype=torch.float64)
+        copy = buffer[offset:].view(6, 6)
+        copy.copy_(V)
+        fit = compare_to_transition(copy, Pi)
+        fits.add((fit.affine_a, fit.affine_b))
+    assert len(fits) == 1
+
+
 def test_the_ov_circuit_of_the_paper_model_is_its_value_matrix():
     task = CircleWalk(K, 0.7, N)
     model = paper_model(task, pos_dim=M, init="gaussian", seed=2)
