@@ -35,7 +35,7 @@ import numpy as np
 
 from experiments.spec import (QUANTITIES, Check, ClaimResult, FigureSpec, Results, RunResult, RunSpec,
                               StepView)
-from rwinterp.errors import require
+from rwinterp.errors import RwinterpError, require
 
 SPEC_PACKAGE = "experiments.specs"
 
@@ -307,11 +307,15 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
     if write:
         require(not out.exists() or out.is_dir(), f"{out} exists and is not a directory")
         out.parent.mkdir(parents=True, exist_ok=True)
-    # One pool of workers trains the runs and then draws the figures.
-    pool = worker_pool(jobs, threads) if jobs > 1 else None
-    previous = torch.get_num_threads()
-    tmp = Path(tempfile.mkdtemp(prefix=".reproduce-", dir=out.parent if write else None))
     try:
+        tmp = Path(tempfile.mkdtemp(prefix=".reproduce-", dir=out.parent if write else None))
+    except OSError as exc:
+        raise RwinterpError(f"cannot write into {out.parent}: {exc.strerror or exc}") from None
+    # One pool of workers trains the runs and then draws the figures.
+    pool = None
+    previous = torch.get_num_threads()
+    try:
+        pool = worker_pool(jobs, threads) if jobs > 1 else None
         torch.set_num_threads(threads)
         try:
             trained = execute(runs, progress, jobs=jobs, threads=threads, pool=pool)

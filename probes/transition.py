@@ -219,7 +219,8 @@ def behaviour_matrix(model: Any, targets: Targets) -> Optional[Float[Tensor, "K 
     parent_pos = targets.parents.to(torch.long).argmax(1)  # [T]
     states = targets.inputs[:, parent_pos]  # [B, T]
     w = point_weights(targets.weights, targets.n_walks)[0][:, None].expand_as(states)
-    totals = torch.zeros(K, K, dtype=torch.float64).index_add_(0, states.flatten(), (logits * w[..., None]).reshape(-1, K))
+    weighted = (logits * w[..., None]).reshape(-1, K)
+    totals = torch.zeros(K, K, dtype=torch.float64).index_add_(0, states.flatten(), weighted)
     mass = torch.zeros(K, dtype=torch.float64).index_add_(0, states.flatten(), w.flatten())
     return totals / mass[:, None] if bool((mass > 0).all()) else None
 

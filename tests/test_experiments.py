@@ -146,6 +146,10 @@ def test_unknown_figures_and_quantities_are_one_line_errors(tmp_path, capsys):
     assert main(["reproduce", "4", "--jobs", "0", "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     assert capsys.readouterr().err.strip() == "rwinterp: error: --jobs must be at least 1, got 0"
     assert not (tmp_path / "o").exists()
+    # A folder nothing can be written into is named in the error, not the scratch folder inside it.
+    assert main(["reproduce", "2", "--out", "/proc/rwinterp-o", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rwinterp: error: cannot write into /proc: ") and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("offset, slope, answers", [(0.3, 0.01, 1), (-0.3, 0.01, 1), (0.0, 0.2, 2), (0.1, 0.2, 2)])

@@ -253,7 +253,8 @@ def sweep_matches(results: Results, sweep: Sweep) -> list[float]:
     lo, hi = ROUGHLY_400
     p1 = sweep.runs_by_value(1.0) if 1.0 in sweep.ps else {}
     return [v for v, run in sweep.runs_by_value(0.5).items()
-            if lo <= first_step_within(results, run, 0.5) <= hi and (v not in p1 or max_accuracy(results, p1[v]) <= 0.999)]
+            if lo <= first_step_within(results, run, 0.5) <= hi
+            and (v not in p1 or max_accuracy(results, p1[v]) <= 0.999)]
 
 
 def only_match(results: Results, sweep: Sweep) -> float:
@@ -570,7 +571,8 @@ def verdict(results: Results, claims: Callable[[Reading], list[Claim]]) -> str:
     for reading in READINGS:
         outcome = evaluate_claims(FigureSpec("verdict", "", "", claims=claims(reading)), results)
         held = sum(c.holds for c in outcome)
-        lines.append(f"{reading.name}: " + ("REPRODUCES" if held == len(outcome) else f"{held}/{len(outcome)} claims hold"))
+        verdict = "REPRODUCES" if held == len(outcome) else f"{held}/{len(outcome)} claims hold"
+        lines.append(f"{reading.name}: {verdict}")
     return "\n".join(lines)
 
 

@@ -10,8 +10,9 @@ SPEC = FigureSpec(
     caption=("The paper: V stays proportional to all-ones up to about step 700 and is no longer so at step 1000 "
              "(the random initialisation slowly breaks the symmetry of the deterministic walk). The last row "
              "shows V's column spread max|V[:, j] - V[:, 0]| / max|V| by step for every reading (dashed: the "
-             f"{ONES_SPREAD} threshold for 'proportional to all-ones') and which reading reproduces the figure: only "
-             "the summed loss with sigma tuned to 4e-6 on seed 0 (Fig 13 shows it does not carry over to other seeds)."),
+             f"{ONES_SPREAD} threshold for 'proportional to all-ones') and which reading reproduces the figure: "
+             "only the summed loss with sigma tuned to 4e-6 on seed 0 (Fig 13 shows it does not carry over to "
+             "other seeds)."),
     runs=runs((1.0,)),
     panels=[panel for reading in READINGS
             for panel in snapshot_panels(reading, 1.0, chr(97 + READINGS.index(reading)), "V")]

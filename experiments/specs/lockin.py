@@ -89,7 +89,8 @@ SPEC = FigureSpec(
              "accuracy: a locked model is stuck well below max(p, 1-p) = 0.7."),
     runs=RUNS,
     panels=[
-        Panel("custom", "(a) final parent attention", draw=grouped(lambda r, n, s: r[name(n, s)].final["parent_attention"]),
+        Panel("custom", "(a) final parent attention",
+              draw=grouped(lambda r, n, s: r[name(n, s)].final["parent_attention"]),
               xlabel="data seed", ylabel="attention on N-1"),
         Panel("custom", "(b) step-2 logit lead of N-1 over N-3", draw=grouped(margin, legend=True), xlabel="data seed",
               ylabel="(l_{N-1} - l_{N-3}) / |l_{N-1}|"),
