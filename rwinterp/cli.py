@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from typing import Any, Callable, Sequence
 
@@ -72,6 +73,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--token-norm", type=float, default=None,
                    help="with --normalize-tokens: the length x~ is normalised to (default 1)")
     g.add_argument("--mlp-width", type=int, default=None, help="FC+ReLU variant with this width m")
+    g.add_argument("--act-fn", choices=["relu", "linear"], default=None,
+                   help="with --mlp-width: the FC layer's activation (default relu; linear: no ReLU, f = A V X S)")
     g.add_argument("--dtype", choices=["float32", "float64"], default="float64", help="default float64")
 
 
@@ -252,6 +255,9 @@ def _normalisation(args: argparse.Namespace) -> dict[str, Any]:
 
 def make_model(args: argparse.Namespace, task: Any) -> Any:
     """The model that ``rwinterp train`` options describe, sized for ``task``."""
+    if args.act_fn is not None and args.mlp_width is None:
+        raise RwinterpError("--act-fn needs --mlp-width")
+    act_fn = args.act_fn or "relu"
     deep = {field: getattr(args, name) for name, field in DEEP_OPTIONS.items() if getattr(args, name) is not None}
     if args.model == "paper":
         given = [name for name in DEEP_OPTIONS if getattr(args, name) is not None]
@@ -263,7 +269,7 @@ def make_model(args: argparse.Namespace, task: Any) -> Any:
 
         return WalkTransformer(WalkTransformerConfig(
             n_states=task.n_states, n_ctx=task.seq_len, pos_dim=args.M, pos_embedding=args.pe or "orthogonal",
-            init=args.init or "zero", init_sigma=args.sigma, mlp_width=args.mlp_width, seed=args.seed,
+            init=args.init or "zero", init_sigma=args.sigma, mlp_width=args.mlp_width, act_fn=act_fn, seed=args.seed,
             dtype=args.dtype, **_normalisation(args),
         ))
     from rwinterp.deep import DeepConfig, DeepTransformer
@@ -271,7 +277,7 @@ def make_model(args: argparse.Namespace, task: Any) -> Any:
     for name, value in (("pos_embedding", args.pe), ("init", args.init), ("mlp_width", args.mlp_width)):
         if value is not None:
             deep[name] = value
-    deep.update(init_sigma=args.sigma, seed=args.seed, dtype=args.dtype, **_normalisation(args))
+    deep.update(init_sigma=args.sigma, act_fn=act_fn, seed=args.seed, dtype=args.dtype, **_normalisation(args))
     if args.preset == "standard":
         cfg = DeepConfig.standard(task.n_states, task.seq_len, deep.pop("d_model", 32), **deep)
     else:
@@ -326,8 +332,7 @@ def _train(args: argparse.Namespace) -> int:
     parents = ", ".join(str(p + 1) for p in task.parent_positions())
     print(f"task        {task.describe()}   (population: {args.population})")
     if args.model == "paper":
-        mlp = f" mlp={cfg.mlp_width}" if cfg.mlp_width is not None else ""
-        print(f"model       K={cfg.n_states} N={cfg.n_ctx} M={cfg.pos_dim} pe={cfg.pos_embedding}{mlp} "
+        print(f"model       K={cfg.n_states} N={cfg.n_ctx} M={cfg.pos_dim} pe={cfg.pos_embedding}{cfg.mlp_label()} "
               f"dtype={args.dtype} init={cfg.init_label()}")
     else:
         print(f"model       {cfg.describe()}")
@@ -343,7 +348,9 @@ def _train(args: argparse.Namespace) -> int:
     if vd is not None:  # only the paper's model on a Markov chain has a V to compare with Pi^T
         print(f"V vs Pi^T   ||V/||V|| - Pi^T/||Pi^T|| ||_F = {vd:.4f}")
     if V is not None:
-        form = "A ReLU(V X S)" if args.model == "paper" and cfg.mlp_width is not None else "V X S"
+        form = "V X S"
+        if args.model == "paper" and cfg.mlp_width is not None:
+            form = "A ReLU(V X S)" if cfg.act_fn == "relu" else "A V X S"
         print(f"V (f = {form}{'; a trained V approaches Pi^T' if vd is not None else ''}):")
         cell = "{:8.3f}" if max(abs(x) for row in V for x in row) < 1e4 else "{:10.3e}"  # fixed point while it fits
         for row in V:
@@ -389,6 +396,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RwinterpError as exc:
         sys.stderr.write(f"rwinterp: error: {exc}\n")
         return 2
+    except BrokenPipeError:
+        # The reader stopped reading (``| head``): stop quietly, with stdout pointed at /dev/null so
+        # that flushing it at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except OSError as exc:
         sys.stderr.write(f"rwinterp: error: {exc.strerror or exc}: {exc.filename or ''}\n")
         return 2

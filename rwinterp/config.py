@@ -12,6 +12,7 @@ N positions            ``n_ctx``           sequence length, query slot included
 M positional dims      ``pos_dim``         ``d_model = K + M`` (token and position concatenated)
 V (K x K or m x K)     (parameter)         ``d_head = K``, or ``m`` with the FC+ReLU variant
 m (appendix F.2)       ``mlp_width``       ``d_mlp = m``; ``attn_only`` when ``None``
+ReLU (appendix F.2)    ``act_fn``          ``relu``, or ``linear`` for the layer without it
 =====================  ==================  ==============================================
 """
 
@@ -27,6 +28,15 @@ from transformer_lens.config import TransformerLensConfig
 from rwinterp.errors import RwinterpError, from_dict_checked, require
 
 POS_EMBEDDINGS = ("orthogonal", "sine")
+
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    """The ``linear`` activation."""
+    return x
+
+
+#: The MLP's activation (``act_fn``, TransformerLens's field): the paper's ReLU, or none at all.
+ACTIVATIONS = {"relu": torch.relu, "linear": identity}
 INITS = ("zero", "gaussian")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -75,6 +85,9 @@ class LibraryConfig(TransformerLensConfig):
     #: length; ``r`` multiplies every attention logit by ``r^2`` when the query is normalised too).
     token_norm: float = 1.0
     mlp_width: Optional[int] = None
+    #: The MLP's activation: ``relu`` (the paper's FC+ReLU layer) or ``linear`` (the same layer without
+    #: its ReLU, so ``f = A V X S``: the function class of the attention-only model, factorised).
+    act_fn: str = "relu"
     seed: int = 0
     device: Optional[str] = "cpu"
     normalization_type: Optional[str] = None
@@ -89,7 +102,20 @@ class LibraryConfig(TransformerLensConfig):
         require(isinstance(self.token_norm, (int, float)) and not isinstance(self.token_norm, bool)
                 and math.isfinite(self.token_norm) and self.token_norm > 0,
                 f"token norm must be a positive number, got {self.token_norm!r}")
+        require(self.act_fn in ACTIVATIONS,
+                f"act_fn must be one of {', '.join(ACTIVATIONS)}, got {self.act_fn!r}")
         super().__post_init__()
+
+    @property
+    def activation(self) -> Any:
+        """The MLP's activation function (:data:`ACTIVATIONS`)."""
+        return ACTIVATIONS[self.act_fn]
+
+    def mlp_label(self) -> str:
+        """`` mlp=m`` (`` mlp=m linear`` without the ReLU), or nothing without an MLP."""
+        if self.mlp_width is None:
+            return ""
+        return f" mlp={self.mlp_width}" + ("" if self.act_fn == "relu" else f" {self.act_fn}")
 
     def init_label(self) -> str:
         """The initialisation and the attention's token normalisation, for one-line summaries."""
@@ -116,7 +142,7 @@ class WalkTransformerConfig(LibraryConfig):
 
     user_fields: ClassVar[tuple[str, ...]] = (
         "n_states", "n_ctx", "pos_dim", "pos_embedding", "init", "init_sigma", "normalize_tokens",
-        "normalize_query", "token_norm", "mlp_width", "seed", "dtype")
+        "normalize_query", "token_norm", "mlp_width", "act_fn", "seed", "dtype")
 
     def __post_init__(self) -> None:
         self.dtype = resolve_dtype(self.dtype)

@@ -26,6 +26,7 @@ option                the paper                               alternatives
 ``attention``         ``query``: only the last position       ``causal``: every position attends to
                       attends (and only it is updated)        itself and earlier ones
 ``mlp_width``         none (appendix F.2: m = 19)             a ReLU MLP per block
+``act_fn``            ``relu``                                ``linear``: the MLP without its ReLU
 ``init``              ``zero``                                ``gaussian`` (sigma), ``standard``
 ====================  ======================================  ======================================
 
@@ -106,7 +107,7 @@ CHOICES = {
 #: Fields a user sets (the rest of the config is derived from them).
 USER_FIELDS = ("n_states", "n_ctx", "n_layers", "n_heads", "pos_mode", "pos_embedding", "pos_dim",
                "d_model", "d_head", "token_embedding", "d_token", "key_query", "attn_scale", "values",
-               "readout", "residual", "attention", "mlp_width", "init", "init_sigma",
+               "readout", "residual", "attention", "mlp_width", "act_fn", "init", "init_sigma",
                "normalize_tokens", "normalize_query", "token_norm", "seed", "dtype")
 
 
@@ -218,7 +219,7 @@ class DeepConfig(LibraryConfig):
     def describe(self) -> str:
         """One line naming every option."""
         pos = f"{self.pos_mode} {self.pos_embedding}" + (f" M={self.pos_dim}" if self.pos_mode == "concat" else "")
-        mlp = f" mlp={self.mlp_width}" if self.mlp_width is not None else ""
+        mlp = self.mlp_label()
         return (f"deep {self.n_layers} layer(s) x {self.n_heads} head(s), K={self.n_states} N={self.n_ctx} "
                 f"d_model={self.d_model} d_head={self.d_head}, positions {pos}, tokens {self.token_embedding}, "
                 f"{self.key_query} QK / {self.attn_scale:g}, values {self.values}, readout {self.readout}, "
@@ -338,17 +339,19 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """``ReLU(x W_in) W_out``, no biases (the paper's FC+ReLU variant when W_in selects z)."""
+    """``ReLU(x W_in) W_out``, no biases (the paper's FC+ReLU variant when W_in selects z); with
+    ``act_fn = "linear"``, ``x W_in W_out``."""
 
     def __init__(self, cfg: DeepConfig):
         super().__init__()
+        self.activation = cfg.activation
         self.W_in = nn.Parameter(torch.zeros(cfg.d_model, cfg.mlp_width, dtype=cfg.dtype))
         self.W_out = nn.Parameter(torch.zeros(cfg.mlp_width, cfg.d_model, dtype=cfg.dtype))
         self.hook_pre = HookPoint()
         self.hook_post = HookPoint()
 
     def forward(self, x: Float[Tensor, "batch Q d_model"]) -> Float[Tensor, "batch Q d_model"]:
-        return self.hook_post(F.relu(self.hook_pre(x @ self.W_in))) @ self.W_out
+        return self.hook_post(self.activation(self.hook_pre(x @ self.W_in))) @ self.W_out
 
 
 class Block(WalkBlock):
@@ -521,7 +524,7 @@ def paper_config(walk_cfg: WalkTransformerConfig) -> DeepConfig:
     return DeepConfig.paper(
         walk_cfg.n_states, walk_cfg.n_ctx, walk_cfg.pos_dim, pos_embedding=walk_cfg.pos_embedding,
         normalize_tokens=walk_cfg.normalize_tokens, normalize_query=walk_cfg.normalize_query,
-        token_norm=walk_cfg.token_norm, mlp_width=walk_cfg.mlp_width, init=walk_cfg.init,
+        token_norm=walk_cfg.token_norm, mlp_width=walk_cfg.mlp_width, act_fn=walk_cfg.act_fn, init=walk_cfg.init,
         init_sigma=walk_cfg.init_sigma, seed=walk_cfg.seed, dtype=walk_cfg.dtype)
 
 

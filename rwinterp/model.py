@@ -4,6 +4,7 @@ The model (PAPER.md section 2) reads N tokens, the last one the query slot, and 
 
     f(X) = V X softmax(X~^T W x~_N)                    (attention-only)
     f(X) = A ReLU(V X softmax(X~^T W x~_N))            (FC+ReLU variant, ``mlp_width = m``)
+    f(X) = A V X softmax(X~^T W x~_N)                  (the same without its ReLU, ``act_fn = "linear"``)
 
 where ``x~_i = [x_i; p_i]`` concatenates the one-hot token ``x_i`` (zero for the query) with a
 fixed positional embedding ``p_i`` of squared norm M/2, the softmax runs over all N positions with
@@ -183,16 +184,18 @@ class WalkAttention(nn.Module):
 
 
 class WalkMLP(nn.Module):
-    """The FC+ReLU variant's output layer: ``f = A ReLU(h)`` (PAPER.md appendix F.2)."""
+    """The FC+ReLU variant's output layer: ``f = A ReLU(h)`` (PAPER.md appendix F.2); with
+    ``act_fn = "linear"``, ``f = A h``."""
 
     def __init__(self, cfg: WalkTransformerConfig):
         super().__init__()
+        self.activation = cfg.activation
         self.A = nn.Parameter(torch.zeros(cfg.n_states, cfg.d_mlp, dtype=cfg.dtype))
         self.hook_pre = HookPoint()
         self.hook_post = HookPoint()
 
     def forward(self, h: Float[Tensor, "batch 1 m"]) -> Float[Tensor, "batch 1 K"]:
-        post = self.hook_post(F.relu(self.hook_pre(h)))
+        post = self.hook_post(self.activation(self.hook_pre(h)))
         return post @ self.A.T
 
 

@@ -40,6 +40,7 @@ def one_thread():
     {"normalize_tokens": True},
     {"normalize_tokens": True, "normalize_query": False},
     {"mlp_width": 4},
+    {"mlp_width": 4, "act_fn": "linear"},
 ])
 def test_paper_configuration_gives_the_paper_models_outputs(options):
     task = CircleWalk(5, 0.7, 9)

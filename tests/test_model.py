@@ -31,22 +31,40 @@ def reference_scores(model, tokens):
     h = torch.einsum("bn,bnk->bk", S, X)
     out = h @ model.V.T
     if cfg.mlp_width is not None:
-        out = torch.relu(out) @ model.A.T
+        out = (torch.relu(out) if cfg.act_fn == "relu" else out) @ model.A.T
     return out
 
 
 @pytest.mark.parametrize("normalize", [False, True, "keys"])
 @pytest.mark.parametrize("pe", ["orthogonal", "sine"])
-@pytest.mark.parametrize("mlp", [None, 7])
-def test_forward_matches_the_paper_formula(normalize, pe, mlp):
+@pytest.mark.parametrize("mlp, act", [(None, "relu"), (7, "relu"), (7, "linear")])
+def test_forward_matches_the_paper_formula(normalize, pe, mlp, act):
     model = small(normalize_tokens=normalize is not False, normalize_query=normalize != "keys",
-                  pos_embedding=pe, mlp_width=mlp)
+                  pos_embedding=pe, mlp_width=mlp, act_fn=act)
     tokens = CircleWalk(5, 0.6, 9).sample(64, 0).tokens
     expected = reference_scores(model, tokens)
     fast = model(tokens)[:, 0]
     dense, cache = model.run_with_cache(tokens)  # hooks on the embeddings force the dense path
     assert torch.allclose(fast, expected, atol=1e-12, rtol=1e-10)
     assert torch.allclose(dense[:, 0], expected, atol=1e-12, rtol=1e-10)
+    if mlp is not None:  # the ReLU cuts some pre-activations, and the linear layer keeps them
+        pre = cache["blocks.0.mlp.hook_pre"]
+        assert (pre < -1e-3).any()
+        assert torch.equal(cache["blocks.0.mlp.hook_post"], pre if act == "linear" else torch.relu(pre))
+
+
+def test_the_linear_fc_layer_is_the_product_of_A_and_V():
+    """Without its ReLU the FC layer is f = (A V) X S: the attention-only model with V replaced by A V."""
+    fc = small(mlp_width=7, act_fn="linear")
+    plain = small()
+    with torch.no_grad():
+        plain.blocks[0].attn.V.copy_(fc.A @ fc.V)
+        plain.blocks[0].attn.u.copy_(fc.blocks[0].attn.u)
+    tokens = CircleWalk(5, 0.6, 9).sample(64, 0).tokens
+    assert torch.allclose(fc(tokens), plain(tokens), atol=1e-14, rtol=1e-12)
+    with pytest.raises(RwinterpError, match="act_fn must be one of relu, linear, got 'gelu'"):
+        small(mlp_width=7, act_fn="gelu")
+    assert WalkTransformerConfig.from_dict(fc.cfg.to_dict()).act_fn == "linear"
 
 
 def test_positional_embeddings_have_gram_matrix_M_over_2():

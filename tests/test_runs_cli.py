@@ -70,6 +70,7 @@ def test_cli_train_json_and_run_directory(tmp_path, capsys):
         (["--token-norm", "3"], "--token-norm needs --normalize-tokens"),
         (["--keys-only"], "--keys-only needs --normalize-tokens"),
         (["--normalize-tokens", "--token-norm", "0"], "token norm must be a positive number"),
+        (["--act-fn", "linear"], "--act-fn needs --mlp-width"),
     ],
 )
 def test_cli_bad_input_is_one_line(args, message, capsys):
@@ -134,6 +135,9 @@ def test_cli_trains_the_qa_tasks_as_the_library_does(capsys):
     assert main(["train", "--task", "qa-order", *flags, "--no-progress"]) == 0
     text = capsys.readouterr().out
     assert "task        qa_order()" in text and "K=19 N=19" in text and "f = A ReLU(V X S)" in text
+    assert main(["train", "--task", "qa-order", *flags, "--act-fn", "linear", "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert " mlp=7 linear " in text and "f = A V X S" in text
     assert "Pi^T" not in text  # no transition matrix to compare V with
     # Population mode trains on the two sentences of task 2 with weight 1/2 each: a model that averages
     # tokens (zero init: uniform attention) cannot tell them apart and is exactly at chance.
@@ -191,3 +195,13 @@ def test_console_module_reports_one_line_errors():
     proc = subprocess.run([sys.executable, "-m", "rwinterp.cli", "train", "--p", "2"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.strip() == "rwinterp: error: p must lie in [0, 1], got 2.0"
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly():
+    """Output piped into a reader that has closed the pipe (``| head``) ends the command with status 1
+    and nothing on stderr, not with an error about the pipe."""
+    proc = subprocess.Popen([sys.executable, "-m", "rwinterp.cli", "train", *SMALL, "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 1 and err == ""
