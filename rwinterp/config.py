@@ -28,6 +28,8 @@ from transformer_lens.config import TransformerLensConfig
 from rwinterp.errors import RwinterpError, from_dict_checked, require
 
 POS_EMBEDDINGS = ("orthogonal", "sine")
+INITS = ("zero", "gaussian")
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def identity(x: torch.Tensor) -> torch.Tensor:
@@ -37,8 +39,6 @@ def identity(x: torch.Tensor) -> torch.Tensor:
 
 #: The MLP's activation (``act_fn``, TransformerLens's field): the paper's ReLU, or none at all.
 ACTIVATIONS = {"relu": torch.relu, "linear": identity}
-INITS = ("zero", "gaussian")
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def resolve_dtype(dtype: "str | torch.dtype") -> torch.dtype:

@@ -18,9 +18,10 @@ linear in the embeddings, so circuits such as ``W_E @ W_V @ W_O @ W_U`` read off
 without LayerNorm folding; on a random walk (K=5, p=0.8, length 16, d_model 16, 200 full-batch
 AdamW steps at lr 2e-2) the 1-layer model still reaches the Bayes accuracy (tests/test_standard.py).
 The unembedding bias ``b_U`` is a zero, non-trainable buffer that the bridge adds (the native
-head has no bias); it is in the state dict. Weights use the ``"gpt2"`` init, N(0, (0.8/sqrt(d_model))^2) (output
-projections scaled by ``1/sqrt(2 n_layers)``), drawn from a private generator seeded by
-``seed``: the same seed gives the same weights and the caller's global RNG is not touched.
+head has no bias); it is in the state dict. Weights use the ``"gpt2"`` init,
+N(0, (0.8/sqrt(d_model))^2) (output projections scaled by ``1/sqrt(2 n_layers)``), drawn from a
+private generator seeded by ``seed``: the same seed gives the same weights and the caller's global
+RNG is not touched.
 
 Hook names on the bridge (verified with transformer-lens 4.3.0; ``L`` = layer index)
 -------------------------------------------------------------------------------------

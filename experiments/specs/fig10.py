@@ -29,11 +29,12 @@ margin's offset stays below what the apple count changes (the ratio is 0.10 at s
 panel e). Also measured: the ReLU is not what stops task 1. Without it (``act_fn = "linear"``) the
 FC layer computes ``f = A V X S``, and since A V can be any 19 x 19 matrix this is exactly the
 function class of Fig 7's ``f = V X S``; yet no seed of 0 to 9 learns task 1 (a claim, panel j).
-So the parametrisation fails, the product of two matrices started small, where one matrix learns. A likely reason (an
-explanation, not measured): there the fruit entries of V take the apple count's signal directly, a
-first-order term, while a product of small matrices learns its strongest direction first: here the
-one shared by every sentence (the common words, for both fruits alike). As those scores grow,
-``1 / (f_y + eps)`` shrinks every gradient, and the weaker, count-dependent direction stays behind.
+So what fails is the parametrisation as a product of two matrices, where one matrix learns. A
+likely reason (an explanation, not measured): there the fruit entries of V take the apple count's
+signal directly, a first-order term, while a product of matrices started small learns its strongest
+direction first: here the one shared by every sentence (the common words, for both fruits alike).
+As those scores grow, ``1 / (f_y + eps)`` shrinks every gradient, and the weaker, count-dependent
+direction stays behind.
 
 What was tried is run, not listed: task 1 under the stated loss with seeds 0 to 9 (some pass
 through 100% for a few steps while the two fruit scores cross, and fall back) and under
@@ -244,7 +245,7 @@ DIAGNOSTICS = [
           Computed(lambda r: ending_at_one(r, LINEAR_SEED_RUNS)), at_most(0),
           note=f"measured: how many of the {len(SEEDS)} seeds end at 100% (panel j). Fig 7's model, the same "
                "function class under the same loss (with 1000 sentences), ends at 100% for all ten seeds: what "
-               "fails is the parametrisation, a product of two matrices started small, not the ReLU"),
+               "fails is the parametrisation as a product of two matrices, not the ReLU"),
     Claim(f"[balanced training set, seeds 0 to {SEEDS[-1]}] with each list 32 times, as 1024 = 32 x 32 suggests, "
           "no fruit answers more sentences, and task 1 ends at 100% for some seed",
           BALANCED_AT_ONE, at_least(1),
@@ -280,8 +281,8 @@ SPEC = qa_figure(
                   "sentences it answers. (i): with a balanced training set (each list 32 times, as 1024 = 32 x 32 "
                   "suggests) no fruit is more frequent, and task 1 ends at 100% for some seeds, depending on the "
                   "initialisation. (j): without its ReLU the FC layer, f = A V X S, has the function class of Fig 7's "
-                  "model f = V X S, and still no seed learns task 1: the product of two small matrices fails where "
-                  "one matrix learns."),
+                  "model f = V X S, and still no seed learns task 1: the product of two matrices fails where one "
+                  "matrix learns."),
     extra_panels=[
         Panel("line", "(e) task 1: fruit margin's offset / count effect",
               series={"paper's setting": History("task1", "margin_dominance"),
