@@ -51,18 +51,22 @@ SPEC = FigureSpec(
                         for reading in (SUMMED, TUNED) for s in SEEDS[1:]}},
              ref={"threshold": BROKEN_VARIANCE}, logy=True,
              xlabel="step", ylabel="variance over walks (log)",
-             options={"legend_loc": "lower left", "legend_anchor": (1.19, 0.0), "legend_columns": 2}),
+             options={"legend_loc": "lower left", "legend_anchor": (1.1, 0.0), "legend_columns": 2}),
        Panel("text", "which reading reproduces Fig 13", data=Computed(lambda r: verdict(r, fig13_claims))),
-       Panel("line", "(f) summed loss: accuracy by sigma", series=SIGMA_SWEEP.series(1.0),
-             xlabel="step", ylabel="test accuracy", ref={"1/K": 1 / 6}, ylim=(0, 1.05)),
+       Panel("line", "(f) summed loss: accuracy by sigma",
+             series={label.removeprefix("sigma ").replace("summed_tuned", "tuned"): s
+                     for label, s in SIGMA_SWEEP.series(1.0).items()},
+             xlabel="step", ylabel="test accuracy", ref={"1/K": 1 / 6}, ylim=(0, 1.8),
+             options={"legend_loc": "upper center", "legend_columns": 2, "yticks": [0, 0.25, 0.5, 0.75, 1.0]}),
        Panel("line", "(g) summed loss: break, 100% by sigma",
              series={f"break (variance > {BROKEN_VARIANCE})":
                      Computed(lambda r: sigma_timeline(r, breaking_step), "breaking step by sigma"),
                      "100% accuracy":
                      Computed(lambda r: sigma_timeline(r, full_step), "first 100% step by sigma")},
              xlabel="initialisation sigma (log)", ylabel="step", logx=True,
-             ref={"700 (the paper)": 700, "1000 (last step)": 1000}, ylim=(0, 1050),
-             options={"style": "o-", "legend_loc": "lower left"})],
+             ref={"700 (the paper)": 700, "1000 (last step)": 1000}, ylim=(0, 1600),
+             options={"style": "o-", "legend_loc": "upper center", "legend_columns": 2,
+                      "yticks": [0, 250, 500, 750, 1000]})],
     claims=[c for reading in READINGS for c in fig13_claims(reading)] + [
         fig13_seed_claim(SUMMED),
         fig13_seed_claim(TUNED),
