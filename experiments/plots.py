@@ -60,7 +60,7 @@ def _line(ax: Any, panel: Panel, results: Results) -> str:
             ax.set_yticks([0, 1e-16, 1e-8, 1])
     if "yticks" in panel.options:  # e.g. only the meaningful ticks where ylim leaves room for a legend
         ax.set_yticks(panel.options["yticks"])
-    if len(panel.series) + len(panel.ref) > 1 or panel.options.get("legend"):
+    if panel.options.get("legend", len(panel.series) + len(panel.ref) > 1):
         anchor = panel.options.get("legend_anchor")
         legend = ax.legend(fontsize=7, loc=panel.options.get("legend_loc", "best"),
                            ncol=panel.options.get("legend_columns", 1), bbox_to_anchor=anchor)

@@ -306,7 +306,8 @@ class Panel:
       * ``custom``: ``draw(ax, results)`` does the drawing.
 
     ``options`` holds drawing details, for lines: ``style`` (a matplotlib format such as ``"o-"``),
-    ``styles`` (the same per series label), ``legend``, ``legend_loc``, ``legend_columns`` and
+    ``styles`` (the same per series label), ``legend`` (True or False: drawn or not; by default
+    drawn when there is more than one line), ``legend_loc``, ``legend_columns`` and
     ``legend_anchor`` (axes coordinates: the legend is drawn there, beside the panel, without
     shrinking the grid), ``yticks``; for bars ``rotation`` of the labels; for the other kinds see
     :mod:`experiments.plots`.

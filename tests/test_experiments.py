@@ -268,7 +268,7 @@ def test_a_legend_placed_beside_its_panel_leaves_the_grid_alone(anchor):
     plt.close(figure)
 
 
-def test_tick_options_set_the_ticks_and_rotated_bar_labels_end_at_their_bar():
+def test_tick_and_legend_options_and_rotated_bar_labels_end_at_their_bar():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -281,6 +281,14 @@ def test_tick_options_set_the_ticks_and_rotated_bar_labels_end_at_their_bar():
     _line(left, Panel("line", series={"a": lambda r: ([0, 1], [0, 1])}, ylim=(0, 1.6),
                       options={"yticks": [0, 0.5, 1]}), Results({}))
     assert list(left.get_yticks()) == [0, 0.5, 1]
+    assert left.get_legend() is None  # one line: no legend by default
+    two = {"a": lambda r: ([0, 1], [0, 1]), "b": lambda r: ([0, 1], [1, 0])}
+    for legend, drawn in ((None, True), (False, False)):  # the legend option overrides the default
+        options = {} if legend is None else {"legend": legend}
+        figure_b, ax = plt.subplots()
+        _line(ax, Panel("line", series=two, options=options), Results({}))
+        assert (ax.get_legend() is not None) == drawn
+        plt.close(figure_b)
     _bar(right, Panel("bar", data=lambda r: {"first": 1.0, "second": 2.0}, options={"rotation": 45}), Results({}))
     labels = right.get_xticklabels()
     assert [t.get_text() for t in labels] == ["first", "second"]

@@ -32,6 +32,9 @@ def _v_part(what: str, part: Callable[[np.ndarray, np.ndarray], np.ndarray]):
     return source
 
 
+#: Panels (b) to (g) and (m) draw the readings in the colours of panel (a)'s legend.
+SHARED_LEGEND = {"legend": False}
+
 #: The readings that learn p = 0.5 (their KL is explained by the claims of :func:`kl_why_claims`).
 LEARNING = ("summed", "summed_tuned")
 
@@ -45,7 +48,8 @@ SPEC = FigureSpec(
     id="6",
     title="small random initialisation: p = 0.5 against p = 1, four readings of the setting",
     caption=("Each colour is one reading of the paper's under-specified setting (K 6, N 97, M 1000, "
-             "N(0, 0.01^2) init, unit-normalised x~, lr 0.01, 1000 steps). The paper's curves: p = 0.5 reaches "
+             "N(0, 0.01^2) init, unit-normalised x~, lr 0.01, 1000 steps), with the same colours in (a) to (g), "
+             "(m) and (n) (legend in a and n). The paper's curves: p = 0.5 reaches "
              "0.5 accuracy near step 400 and its KL falls much faster than for p = 1, which stays below 100%. "
              "As stated (mean loss) nothing moves in 1000 steps; summing the loss over the walks learns p = 0.5 "
              "near step 400, but breaks the p = 1 symmetry earlier (about step 200) and reaches 100%; with sigma "
@@ -61,12 +65,13 @@ SPEC = FigureSpec(
     runs=runs() + [run for sweep in SWEEPS for run in sweep.runs()],
     panels=[
         _panel("a", 0.5, "test_accuracy", "test accuracy", ref={"Bayes 0.5": 0.5, "1/K": 1 / K}, ylim=(0, 1.05)),
-        _panel("b", 0.5, "kl_normalised", "KL(P || f+/sum f+)", ylim=(0, 1.3)),
-        _panel("c", 1.0, "test_accuracy", "test accuracy", ref={"1/K": 1 / K}, ylim=(0, 1.05)),
-        _panel("d", 1.0, "kl_normalised", "KL(P || f+/sum f+)", ylim=(0, 2.1)),
-        _panel("e", 0.5, "kl_softmax", "KL(P || softmax f)"),
-        _panel("f", 1.0, "kl_softmax", "KL(P || softmax f)"),
-        _panel("g", 0.5, "parent_attention", "attention on the parent", ylim=(0, 1.05)),
+        _panel("b", 0.5, "kl_normalised", "KL(P || f+/sum f+)", ylim=(0, 1.3), options=SHARED_LEGEND),
+        _panel("c", 1.0, "test_accuracy", "test accuracy", ref={"1/K": 1 / K}, ylim=(0, 1.05),
+               options=SHARED_LEGEND),
+        _panel("d", 1.0, "kl_normalised", "KL(P || f+/sum f+)", ylim=(0, 2.1), options=SHARED_LEGEND),
+        _panel("e", 0.5, "kl_softmax", "KL(P || softmax f)", options=SHARED_LEGEND),
+        _panel("f", 1.0, "kl_softmax", "KL(P || softmax f)", options=SHARED_LEGEND),
+        _panel("g", 0.5, "parent_attention", "attention on the parent", ylim=(0, 1.05), options=SHARED_LEGEND),
         Panel("text", "(h) which reading reproduces Fig 6",
               data=Computed(lambda r: verdict(r, fig6_claims), "verdict per reading")),
         Panel("line", "(i) p = 0.5, mean loss: test accuracy by learning rate", series=LR_SWEEP.series(0.5),
@@ -81,7 +86,7 @@ SPEC = FigureSpec(
               xlabel="step", ylabel="test accuracy", ref={"1/K": 1 / K}, ylim=(0, 1.05)),
         Panel("line", "(m) p = 0.5: all-ones part c of V = c 11^T + beta Pi^T",
               series=reading_series(0.5, _v_part("c", lambda c, beta: c)),
-              xlabel="step", ylabel="c", options={"legend_loc": "lower right"}),
+              xlabel="step", ylabel="c", options=SHARED_LEGEND),
         Panel("line", "(n) p = 0.5: beta / c",
               series=reading_series(0.5, _v_part("beta / c", lambda c, beta: beta / c)), xlabel="step",
               ylabel="beta / c", ref={"f+/sum f+ halves the KL above sqrt(2K)": halving_ratio(K)},
