@@ -123,8 +123,10 @@ def _bar(ax: Any, panel: Panel, results: Results) -> str:
         y = _array(value)
         labels = panel.options.get("xticklabels") or [str(i + 1) for i in range(len(y))]
     x = np.arange(len(y))
-    ax.bar(x, y, color=sns.color_palette("colorblind")[panel.options.get("colour", 0)])
-    if len(y) <= 25:
+    many = len(y) > 25  # e.g. one bar per position: solid bars that touch, else the edges hide them
+    ax.bar(x, y, color=sns.color_palette("colorblind")[panel.options.get("colour", 0)],
+           width=1.0 if many else 0.8, linewidth=0 if many else None)
+    if not many:
         ax.set_xticks(x)
         rotation = panel.options.get("rotation", 0)
         ax.set_xticklabels(labels, rotation=rotation, fontsize=7, ha="right" if rotation else "center",
