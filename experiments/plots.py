@@ -122,8 +122,8 @@ def _bar(ax: Any, panel: Panel, results: Results) -> str:
     else:
         y = _array(value)
         labels = panel.options.get("xticklabels") or [str(i + 1) for i in range(len(y))]
-    x = np.arange(len(y))
     many = len(y) > 25  # e.g. one bar per position: solid bars that touch, else the edges hide them
+    x = np.arange(1, len(y) + 1) if many else np.arange(len(y))  # many: the axis counts from 1, as labels do
     ax.bar(x, y, color=sns.color_palette("colorblind")[panel.options.get("colour", 0)],
            width=1.0 if many else 0.8, linewidth=0 if many else None)
     if not many:

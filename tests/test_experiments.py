@@ -268,7 +268,7 @@ def test_a_legend_placed_beside_its_panel_leaves_the_grid_alone(anchor):
     plt.close(figure)
 
 
-def test_tick_and_legend_options_and_rotated_bar_labels_end_at_their_bar():
+def test_tick_legend_and_bar_options():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -293,6 +293,13 @@ def test_tick_and_legend_options_and_rotated_bar_labels_end_at_their_bar():
     labels = right.get_xticklabels()
     assert [t.get_text() for t in labels] == ["first", "second"]
     assert all(t.get_rotation() == 45 and t.get_horizontalalignment() == "right" for t in labels)
+    plt.close(figure)
+    # One bar per position (97): solid bars that touch, on an axis that counts positions from 1.
+    figure, ax = plt.subplots()
+    _bar(ax, Panel("bar", data=lambda r: np.full(97, 1 / 97)), Results({}))
+    bars = ax.patches
+    assert len(bars) == 97 and bars[0].get_x() + bars[0].get_width() / 2 == 1 and bars[-1].get_x() == 96.5
+    assert all(b.get_width() == 1.0 and b.get_linewidth() == 0 for b in bars)
     plt.close(figure)
 
 
