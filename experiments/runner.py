@@ -307,10 +307,11 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
     if write:
         require(not out.exists() or out.is_dir(), f"{out} exists and is not a directory")
         out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = out.parent if write else Path(tempfile.gettempdir())
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=".reproduce-", dir=out.parent if write else None))
+        tmp = Path(tempfile.mkdtemp(prefix=".reproduce-", dir=scratch))
     except OSError as exc:
-        raise RwinterpError(f"cannot write into {out.parent}: {exc.strerror or exc}") from None
+        raise RwinterpError(f"cannot write into {scratch}: {exc.strerror or exc}") from None
     # One pool of workers trains the runs and then draws the figures.
     pool = None
     previous = torch.get_num_threads()

@@ -32,16 +32,15 @@ def _v_part(what: str, part: Callable[[np.ndarray, np.ndarray], np.ndarray]):
     return source
 
 
-#: Panels (b) to (g) and (m) draw the readings in the colours of panel (a)'s legend.
-SHARED_LEGEND = {"legend": False}
-
 #: The readings that learn p = 0.5 (their KL is explained by the claims of :func:`kl_why_claims`).
 LEARNING = ("summed", "summed_tuned")
 
 
-def _panel(letter: str, p: float, key: str, what: str, **kw) -> Panel:
+def _panel(letter: str, p: float, key: str, what: str, legend: bool = False, **kw) -> Panel:
+    """A panel with one curve per reading; the readings' colours are the same in every panel, so only
+    the panel given ``legend`` names them."""
     return Panel("line", f"({letter}) p = {p:g}: {what}", series=_curves(p, key), xlabel="step",
-                 ylabel=what, **kw)
+                 ylabel=what, options={"legend": legend}, **kw)
 
 
 SPEC = FigureSpec(
@@ -64,14 +63,14 @@ SPEC = FigureSpec(
              "beta grows like sqrt(t); f+/sum f+ halves the KL only once beta / c reaches sqrt(2K) (dashed)."),
     runs=runs() + [run for sweep in SWEEPS for run in sweep.runs()],
     panels=[
-        _panel("a", 0.5, "test_accuracy", "test accuracy", ref={"Bayes 0.5": 0.5, "1/K": 1 / K}, ylim=(0, 1.05)),
-        _panel("b", 0.5, "kl_normalised", "KL(P || f+/sum f+)", ylim=(0, 1.3), options=SHARED_LEGEND),
-        _panel("c", 1.0, "test_accuracy", "test accuracy", ref={"1/K": 1 / K}, ylim=(0, 1.05),
-               options=SHARED_LEGEND),
-        _panel("d", 1.0, "kl_normalised", "KL(P || f+/sum f+)", ylim=(0, 2.1), options=SHARED_LEGEND),
-        _panel("e", 0.5, "kl_softmax", "KL(P || softmax f)", options=SHARED_LEGEND),
-        _panel("f", 1.0, "kl_softmax", "KL(P || softmax f)", options=SHARED_LEGEND),
-        _panel("g", 0.5, "parent_attention", "attention on the parent", ylim=(0, 1.05), options=SHARED_LEGEND),
+        _panel("a", 0.5, "test_accuracy", "test accuracy", ref={"Bayes 0.5": 0.5, "1/K": 1 / K}, ylim=(0, 1.05),
+               legend=True),
+        _panel("b", 0.5, "kl_normalised", "KL(P || f+/sum f+)", ylim=(0, 1.3)),
+        _panel("c", 1.0, "test_accuracy", "test accuracy", ref={"1/K": 1 / K}, ylim=(0, 1.05)),
+        _panel("d", 1.0, "kl_normalised", "KL(P || f+/sum f+)", ylim=(0, 2.1)),
+        _panel("e", 0.5, "kl_softmax", "KL(P || softmax f)"),
+        _panel("f", 1.0, "kl_softmax", "KL(P || softmax f)"),
+        _panel("g", 0.5, "parent_attention", "attention on the parent", ylim=(0, 1.05)),
         Panel("text", "(h) which reading reproduces Fig 6",
               data=Computed(lambda r: verdict(r, fig6_claims), "verdict per reading")),
         Panel("line", "(i) p = 0.5, mean loss: test accuracy by learning rate", series=LR_SWEEP.series(0.5),
@@ -86,7 +85,7 @@ SPEC = FigureSpec(
               xlabel="step", ylabel="test accuracy", ref={"1/K": 1 / K}, ylim=(0, 1.05)),
         Panel("line", "(m) p = 0.5: all-ones part c of V = c 11^T + beta Pi^T",
               series=reading_series(0.5, _v_part("c", lambda c, beta: c)),
-              xlabel="step", ylabel="c", options=SHARED_LEGEND),
+              xlabel="step", ylabel="c", options={"legend": False}),
         Panel("line", "(n) p = 0.5: beta / c",
               series=reading_series(0.5, _v_part("beta / c", lambda c, beta: beta / c)), xlabel="step",
               ylabel="beta / c", ref={"f+/sum f+ halves the KL above sqrt(2K)": halving_ratio(K)},
