@@ -8,6 +8,7 @@ The figure's caption (the sentence saying what to see) is printed under the pane
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,12 +30,27 @@ def _unstep(x: Any) -> tuple[str, Any]:
     return "", x
 
 
+#: Line styles of a panel's reference lines, in turn, so that two of them can be told apart in the legend.
+REF_STYLES = ("--", ":", "-.")
+#: With the ``dashes`` option, series after the first are drawn with these dash patterns, in turn, so that a
+#: curve lying exactly on an earlier one still shows through it.
+DASHES = ((0, (6, 2)), (0, (2, 2)), (0, (6, 2, 2, 2)), (0, (1, 3)))
+
+
+def _refs(ax: Any, panel: Panel) -> None:
+    for i, (label, value) in enumerate(panel.ref.items()):
+        ax.axhline(value, ls=REF_STYLES[i % len(REF_STYLES)], color="0.35", lw=1, label=label)
+
+
 def _line(ax: Any, panel: Panel, results: Results) -> str:
     import seaborn as sns
 
-    palette = sns.color_palette("colorblind", max(len(panel.series), 1))
+    chosen = panel.options.get("colours", {})
+    palette = sns.color_palette(panel.options.get("palette", "colorblind"),
+                                max(len(panel.series), 1 + max(chosen.values(), default=0)))
     xs = []
-    for colour, (label, source) in zip(palette, panel.series.items()):
+    for i, (label, source) in enumerate(panel.series.items()):
+        colour = palette[chosen.get(label, i)]
         data = source(results)
         if isinstance(data, tuple) and len(data) == 2:
             x, y = _array(data[0]), _array(data[1])
@@ -42,10 +58,14 @@ def _line(ax: Any, panel: Panel, results: Results) -> str:
             y = _array(data)
             x = np.arange(len(y))
         style = panel.options.get("styles", {}).get(label, panel.options.get("style", "-"))
-        ax.plot(x, y, style, label=label, color=colour, lw=1.6, ms=3)
+        if panel.options.get("dashes") and i:  # the format keeps its marker, the dash pattern replaces its line
+            marker = style.replace("-", "").replace(":", "")
+            ax.plot(x, y, *([marker] if marker else []), linestyle=DASHES[(i - 1) % len(DASHES)], label=label,
+                    color=colour, lw=1.6, ms=3)
+        else:
+            ax.plot(x, y, style, label=label, color=colour, lw=1.6, ms=3)
         xs.append(x)
-    for label, value in panel.ref.items():
-        ax.axhline(value, ls="--", color="0.35", lw=1, label=label)
+    _refs(ax, panel)
     if panel.logx and any(np.any(x > 0) for x in xs):
         ax.set_xscale("log")  # (a panel with no points, such as a run too short for its events, stays linear)
     if panel.logy:
@@ -85,6 +105,9 @@ def _heatmap(ax: Any, panel: Panel, results: Results) -> str:
     center = panel.options.get("center")
     finite = matrix[np.isfinite(matrix)]
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    lo, hi = panel.options.get("range", (lo, hi))
+    if panel.options.get("zero"):  # the colour scale starts at 0, so that a near-constant matrix looks constant
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
     if center is not None:
         span = max(abs(lo - center), abs(hi - center)) or 1.0
         lo, hi = center - span, center + span
@@ -103,8 +126,10 @@ def _heatmap(ax: Any, panel: Panel, results: Results) -> str:
     labels = panel.options.get("ticklabels", [str(i + 1) for i in range(max(matrix.shape))])
     for axis, n, which in ((ax.xaxis, cols, "xticklabels"), (ax.yaxis, rows, "yticklabels")):
         if 1 < n <= 40:
-            axis.set_ticks(np.arange(n) + 0.5)
-            axis.set_ticklabels(panel.options.get(which, labels)[:n])
+            # Up to 12 rows or columns every one is labelled, beyond that the first and every fifth.
+            shown = [i for i in range(n) if n <= 12 or i == 0 or (i + 1) % 5 == 0]
+            axis.set_ticks(np.asarray(shown) + 0.5)
+            axis.set_ticklabels([panel.options.get(which, labels)[i] for i in shown])
         else:
             axis.set_ticks([])
     ax.set_aspect("equal" if rows > 1 and max(rows, cols) / min(rows, cols) < 4 else "auto")
@@ -131,12 +156,15 @@ def _bar(ax: Any, panel: Panel, results: Results) -> str:
         rotation = panel.options.get("rotation", 0)
         ax.set_xticklabels(labels, rotation=rotation, fontsize=7, ha="right" if rotation else "center",
                            rotation_mode="anchor")
-    for label, v in panel.ref.items():
-        ax.axhline(v, ls="--", color="0.35", lw=1, label=label)
+    _refs(ax, panel)
     if panel.ref:
         ax.legend(fontsize=7)
     if panel.logy:
         ax.set_yscale("log")
+    if "range" in panel.options and panel.ylim is None:
+        lo, hi = panel.options["range"]
+        top = max(hi, 0.0) * 1.05
+        ax.set_ylim(min(lo, 0.0), top if top > 0 else 1.0)
     return suffix
 
 
@@ -169,6 +197,33 @@ def _title(ax: Any, text: str, width_in: float) -> None:
         title.set_text(textwrap.fill(text, chars))
 
 
+def _value_range(panel: Panel, results: Results) -> tuple[float, float] | None:
+    _, value = _unstep(panel.data(results))
+    values = _array(list(value.values()) if isinstance(value, dict) else value)
+    finite = values[np.isfinite(values)]
+    return (float(finite.min()), float(finite.max())) if finite.size else None
+
+
+def shared_scales(panels: list[Panel], results: Results) -> list[Panel]:
+    """Give the panels whose ``share`` option names the same group one value scale, as their ``range``
+    option: heatmaps one colour range, bars one y range. Each panel scaled to its own data would make
+    a variance of 1e-11 look as large as one of 0.03; on one scale magnitudes compare across the group."""
+    ranges: dict[str, tuple[float, float]] = {}
+    for panel in panels:
+        group = panel.options.get("share")
+        if group is None or panel.data is None:
+            continue
+        try:
+            found = _value_range(panel, results)
+        except Exception:  # noqa: BLE001  (the panel's own drawing reports it)
+            continue
+        if found is not None:
+            lo, hi = ranges.get(group, found)
+            ranges[group] = (min(lo, found[0]), max(hi, found[1]))
+    return [replace(panel, options={**panel.options, "range": ranges[panel.options["share"]]})
+            if panel.options.get("share") in ranges else panel for panel in panels]
+
+
 def render(fig: FigureSpec, results: Results, out_dir: Path) -> tuple[str | None, list[str]]:
     """Draw ``fig`` into ``out_dir / fig<id>.png``; returns (file name, panel errors)."""
     import matplotlib
@@ -188,7 +243,7 @@ def render(fig: FigureSpec, results: Results, out_dir: Path) -> tuple[str | None
     figure, axes = plt.subplots(rows, cols, figsize=(w * cols, height), squeeze=False)
     errors = []
     flat = axes.ravel()
-    for ax, panel in zip(flat, fig.panels):
+    for ax, panel in zip(flat, shared_scales(fig.panels, results)):
         try:
             suffix = DRAWERS[panel.kind](ax, panel, results)
             _title(ax, panel.title + suffix, w)

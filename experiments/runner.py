@@ -35,7 +35,11 @@ import numpy as np
 
 from experiments.spec import (QUANTITIES, Check, ClaimResult, FigureSpec, Results, RunResult, RunSpec,
                               StepView)
+from rwinterp.atomic import check_target, publish
 from rwinterp.errors import RwinterpError, require
+
+#: The file that marks a reproduction's directory: another ``--out`` into it replaces it whole.
+REPORT_MARKER = "results.json"
 
 SPEC_PACKAGE = "experiments.specs"
 
@@ -290,6 +294,9 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
               progress: Optional[bool] = None, write: bool = True, threads: int = 1, jobs: int = 1) -> Report:
     """Run the named figures and write their PNGs, ``results.json``, ``runs.json`` and ``REPRODUCTION.md``.
 
+    ``out`` is written whole at the end: a previous reproduction there is replaced, figures of other
+    ids included; a directory holding anything else is refused before any training.
+
     ``threads``: torch CPU threads per training process. The runs are tiny tensor programs; one
     thread is fastest, and on a busy machine several threads are many times slower (they wait for
     each other). ``jobs``: runs trained at once, in worker processes (see :func:`execute`); the
@@ -304,11 +311,12 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
     figures = select(discover(), ids)
     runs, names = plan(figures, reduced)
     out = Path(out)
-    if write:
-        require(not out.exists() or out.is_dir(), f"{out} exists and is not a directory")
-        out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = out.parent if write else Path(tempfile.gettempdir())
+    scratch = Path(tempfile.gettempdir())
+    if write:  # refused now, not after the training: and the whole directory is replaced at the end
+        check_target(out, REPORT_MARKER, "reproduction")
+        scratch = out.parent
     try:
+        scratch.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".reproduce-", dir=scratch))
     except OSError as exc:
         raise RwinterpError(f"cannot write into {scratch}: {exc.strerror or exc}") from None
@@ -327,7 +335,7 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
         rep = Report(outcomes, run_rows, time.perf_counter() - start, reduced, load_before, jobs)
         if write:
             report.write(rep, tmp)
-            _move_into(tmp, out)
+            publish(tmp, check_target(out, REPORT_MARKER, "reproduction"))
         return rep
     finally:
         if pool is not None:
@@ -386,10 +394,3 @@ def _load() -> Optional[tuple[float, float]]:
         return (one, five)
     except OSError:
         return None
-
-
-def _move_into(tmp: Path, out: Path) -> None:
-    """Move the finished files into ``out`` (created if needed), replacing same-named files."""
-    out.mkdir(parents=True, exist_ok=True)
-    for item in sorted(tmp.iterdir()):
-        os.replace(item, out / item.name)

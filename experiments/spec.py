@@ -306,11 +306,17 @@ class Panel:
       * ``custom``: ``draw(ax, results)`` does the drawing.
 
     ``options`` holds drawing details, for lines: ``style`` (a matplotlib format such as ``"o-"``),
-    ``styles`` (the same per series label), ``legend`` (True or False: drawn or not; by default
-    drawn when there is more than one line), ``legend_loc``, ``legend_columns`` and
-    ``legend_anchor`` (axes coordinates: the legend is drawn there, beside the panel, without
-    shrinking the grid), ``yticks``; for bars ``rotation`` of the labels; for the other kinds see
-    :mod:`experiments.plots`.
+    ``styles`` (the same per series label), ``palette`` (a seaborn palette name, by default
+    ``colorblind``; a sequential one such as ``flare`` for series ordered by a swept value),
+    ``colours`` (series label -> index into the palette, by default the series' place), ``legend``
+    (True or False: drawn or not; by default drawn when there is more than one line),
+    ``legend_loc``, ``legend_columns`` and ``legend_anchor`` (axes coordinates: the legend is drawn
+    there, beside the panel, without shrinking the grid), ``yticks``, ``dashes`` (True: the series
+    after the first are dashed, so that a curve lying on an earlier one still shows); for bars
+    ``rotation`` of the labels; for heatmaps ``zero`` (True: the colour scale includes 0, so that a
+    near-constant matrix looks constant); for heatmaps and bars ``range`` (a fixed (low, high) value
+    scale) and ``share`` (a group name: the figure's panels of one group share one value scale); for
+    the other kinds see :mod:`experiments.plots`.
     """
 
     kind: str

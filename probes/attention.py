@@ -22,7 +22,12 @@ that lands on the parents:
 * **gradient x input**: ``(d logit_y / d e_j) . e_j`` for the embeddings ``e_j`` entering the
   first layer (``blocks.0.hook_resid_pre``) and the clean label ``y``, in absolute value and
   normalised over the visible positions. This is the only attribution that needs the dense
-  embeddings and a backward pass, so it runs on the first ``config.gradient_walks`` walks.
+  embeddings and a backward pass, so it runs on the first ``config.gradient_walks`` walks (on every
+  walk of an enumerated population).
+
+A share is undefined for a walk whose attribution is 0 at every visible position (V = 0 at zero
+initialisation, or a ReLU dead on that walk); the mean leaves such walks out, and is NaN only when
+every walk is undefined.
 
 The headline numbers describe the head that attends to the parents most; every head's parent
 attention is kept as well.
@@ -81,6 +86,14 @@ class AttentionResult:
         def mean(values: Tensor, rows: Tensor = w) -> Tensor:
             return wsum(rows, values.mean(-1))
 
+        def defined_mean(share: Tensor) -> Tensor:
+            """Weighted mean of a share over the walks where it is defined (a walk whose attribution is 0
+            at every visible position, such as one a dead ReLU silences, has none): NaN only if none is."""
+            rows = w[:, : share.shape[0]]
+            walk = share.nanmean(-1)
+            rows = rows * walk.isfinite()
+            return wsum(rows, torch.nan_to_num(walk)) / rows.sum(1)
+
         L, H = self.per_head.shape[:2]
         out = {f"parent_attention.L{l}H{h}": mean(self.per_head[l, h]) for l in range(L) for h in range(H)}
         out.update(
@@ -88,11 +101,10 @@ class AttentionResult:
             parent_argmax_rate=mean(self.argmax_hit),
             entropy=mean(self.entropy),
             uniformity=mean(self.uniformity),
-            value_weighted_parent_share=mean(self.value_share),
+            value_weighted_parent_share=defined_mean(self.value_share),
         )
         if self.gradient_share is not None:
-            sub = w[:, : self.gradient_share.shape[0]]
-            out["gradient_parent_share"] = mean(self.gradient_share, sub / sub.sum(1, keepdim=True))
+            out["gradient_parent_share"] = defined_mean(self.gradient_share)
         return out
 
     def scores(self) -> dict[str, float]:
@@ -128,8 +140,9 @@ def attention_probe(model: Any, task: Task, data: Batch, config: ProbeConfig = P
         uniformity = entropy.exp() / visible.sum(-1).to(torch.float64)
         v = cache[values[head[0]]]
         value_share = _share(a * _value_norms(model, v, head), targets)
-        gradient = (_gradient_x_input(model, targets, config.gradient_walks)
-                    if config.gradient_walks else None)
+        # A population (weighted, enumerated in order) is attributed whole: its first walks are no sample of it.
+        n_gradient = targets.n_walks if data.weights is not None else config.gradient_walks
+        gradient = _gradient_x_input(model, targets, n_gradient) if config.gradient_walks else None
         return AttentionResult(
             layout=targets.layout(),
             weights=data.weights,

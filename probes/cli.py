@@ -31,7 +31,7 @@ def _probe_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Namesp
     parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="write the report here")
     parser.add_argument("--baseline", choices=["random"], default=None,
                         help="compare with random-initialised models of the same architecture")
-    parser.add_argument("--seeds", type=int, default=5, help="random models in the baseline (default 5)")
+    parser.add_argument("--seeds", type=int, default=None, help="with --baseline: random models in it (default 5)")
     _probe_arguments(parser)
     return _probe
 
@@ -49,11 +49,25 @@ def _load(path: str, walks: int | None) -> tuple[Any, Any]:
     from rwinterp.runs import load_run
 
     run = load_run(path)
-    return run, restrict(run_test_walks(run), walks)
+    data = run_test_walks(run)
+    require(walks is None or walks <= len(data),
+            f"--walks {walks}, but {path} has {len(data)} test {run.task.sample_name}s")
+    return run, restrict(data, walks)
+
+
+def _check_out(path: str) -> None:
+    """A bad --out is refused before any probing."""
+    from probes.report import SCORES_FILE
+    from rwinterp.atomic import check_target
+
+    check_target(path, SCORES_FILE, "report")
 
 
 def _probe(args: argparse.Namespace) -> int:
-    require(args.seeds >= 1, f"--seeds must be >= 1, got {args.seeds}")
+    require(args.seeds is None or args.baseline is not None, "--seeds needs --baseline random")
+    seeds = 5 if args.seeds is None else args.seeds
+    require(seeds >= 1, f"--seeds must be >= 1, got {seeds}")
+    _check_out(args.out)
     config = _config(args)
     from probes.report import summary_json, write_probe_report
     from probes.scorecard import compare_to_random, scorecard
@@ -62,7 +76,7 @@ def _probe(args: argparse.Namespace) -> int:
     card = scorecard(run.model, run.task, data, config)
     comparison = None
     if args.baseline == "random":
-        comparison = compare_to_random(run.model, run.task, data, args.seeds, config, trained=card)
+        comparison = compare_to_random(run.model, run.task, data, seeds, config, trained=card)
     out = write_probe_report(args.out, card, str(args.run), comparison)
     if args.json:
         print_json({**summary_json(card, comparison), "report": str(out)})
@@ -97,6 +111,7 @@ def _compare_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Name
 
 
 def _compare(args: argparse.Namespace) -> int:
+    _check_out(args.out)
     config = _config(args)
     from probes.report import write_compare_report
     from probes.scorecard import compare, scorecard

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-from rwinterp.errors import from_dict_checked, require
+from rwinterp.errors import from_dict_checked, require, require_seed
 
 #: Activations the patching probe sweeps: the residual stream at the start of each layer (layer 0
 #: is the embeddings) and the value vectors, position by position; each head's output z and
@@ -47,6 +47,7 @@ class ProbeConfig:
         require(self.gradient_walks >= 0, f"gradient_walks must be >= 0, got {self.gradient_walks}")
         require(self.bootstrap >= 0, f"bootstrap must be >= 0, got {self.bootstrap}")
         require(0.0 < self.confidence < 1.0, f"confidence must lie in (0, 1), got {self.confidence}")
+        require_seed(self.seed)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -100,8 +100,9 @@ def _header(card: Scorecard, source: str) -> list[str]:
         f"- run: `{source}`",
         f"- task: {card.task}",
         f"- model: {card.model} ({reads})",
-        f"- {noun}s probed: {card.n_walks}; intervals: {100 * card.config.confidence:.0f}% bootstrap over {noun}s "
-        f"({card.config.bootstrap} resamples)",
+        f"- {noun}s probed: {card.n_walks}; intervals: " + (
+            f"{100 * card.config.confidence:.0f}% bootstrap over {noun}s ({card.config.bootstrap} resamples)"
+            if card.config.bootstrap else "none (no bootstrap resamples)"),
         "",
     ]
 

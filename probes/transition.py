@@ -24,8 +24,10 @@ For models with a residual stream (detected by zeroing every attention and MLP o
 non-zero logits), the direct path ``W_E W_U`` and the total ``direct + OV + biases`` (the bias terms
 ``(b_V W_O + b_O) W_U + b_U``, where the model has them) are compared too, and the total is the
 headline: it is what a prediction gets from a parent it attends to fully (apart from the position
-terms), and training splits the work between the two paths in no particular proportion, so neither
-path alone need match Pi. Each part is kept under ``ov.``,
+terms). In a query-slot model the predicting position holds the query token, not the parent, so
+its direct path is the query token's ``W_E[query] W_U``, the same row for every parent state;
+in an autoregressive model it is the parent's own. Training splits the work between the paths in
+no particular proportion, so neither path alone need match Pi. Each part is kept under ``ov.``,
 ``direct.`` and ``total.``. With several layers or heads, the OV circuit of the head that attends
 to the parents most is used; with MLP layers, C skips them, and the headline is the behaviour below.
 
@@ -248,7 +250,11 @@ def transition_probe(
         ov = ov_circuit(model, head, K)
         direct = total = None
         if has_direct_path(model, targets.inputs[:4]):
-            D = model.W_E.detach().to(torch.float64)[:K] @ model.W_U.detach().to(torch.float64)[:, :K]
+            W_E, W_U = (w.detach().to(torch.float64) for w in (model.W_E, model.W_U))
+            if targets.kind == "query":  # the slot's residual stream starts from the query token, not the parent
+                D = (W_E[int(targets.inputs[0, -1])] @ W_U[:, :K]).expand(K, K)
+            else:
+                D = W_E[:K] @ W_U[:, :K]
             direct = compare_to_transition(D, Pi)
             total = compare_to_transition(D + ov + bias_logits(model, head, K)[None, :], Pi)
         behaviour = behaviour_matrix(model, targets)

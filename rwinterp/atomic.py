@@ -2,38 +2,62 @@
 
 An interrupted write (an error, Ctrl-C, a full disk) leaves the old directory, or nothing, never a
 half-written one. An existing target is replaced only if it is empty or holds ``marker`` (the file
-that says it is a directory of the same kind, e.g. a run's ``config.json``).
+that says it is a directory of the same kind, e.g. a run's ``config.json``). Commands call
+:func:`check_target` before their work starts, so that a bad ``--out`` is refused at once rather
+than after minutes of training.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from pathlib import Path
 from typing import Callable
 
-from rwinterp.errors import require
+from rwinterp.errors import RwinterpError, require
+
+
+def check_target(target: str | Path, marker: str, kind: str) -> Path:
+    """Refuse, with a one-line error, a ``target`` that :func:`atomic_directory` could not replace."""
+    require(str(target) != "", "--out must name a directory")
+    target = Path(target)
+    if target.exists():
+        require(target.is_dir(), f"{target} exists and is not a directory")
+        require(target.resolve() != Path.cwd().resolve(), "--out cannot be the current directory (it is replaced)")
+        require((target / marker).exists() or not any(target.iterdir()),
+                f"{target} exists and is not a {kind} directory; choose another --out")
+    ancestor = target.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    require(ancestor.is_dir(), f"cannot write into {target.parent}: {ancestor} is not a directory")
+    require(os.access(ancestor, os.W_OK), f"cannot write into {ancestor}: permission denied")
+    return target
+
+
+def publish(tmp: Path, target: Path) -> None:
+    """Rename the finished directory ``tmp`` (a sibling of ``target``) to ``target``, replacing it."""
+    if target.exists():
+        old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+        target.rename(old)
+        tmp.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(target)
 
 
 def atomic_directory(target: str | Path, build: Callable[[Path], None], marker: str, kind: str) -> Path:
     """Run ``build(tmp)`` in a fresh temporary sibling of ``target``, then move it to ``target``."""
-    target = Path(target)
-    if target.exists():
-        require(target.is_dir(), f"{target} exists and is not a directory")
-        require((target / marker).exists() or not any(target.iterdir()),
-                f"{target} exists and is not a {kind} directory; choose another --out")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target = check_target(target, marker, kind)
     tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        tmp.mkdir()
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
+        except OSError as exc:
+            raise RwinterpError(f"cannot write into {target.parent}: {exc.strerror or exc}") from None
         build(tmp)
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-            target.rename(old)
-            tmp.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(target)
+        publish(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

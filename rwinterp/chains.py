@@ -43,7 +43,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from rwinterp.errors import RwinterpError, require
+from rwinterp.errors import RwinterpError, require, require_seed
 from rwinterp.tasks import (
     MAX_POPULATION,
     Batch,
@@ -112,6 +112,9 @@ def random_regular_adjacency(K: int, degree: int, seed: int, tries: int = 1000) 
     require(isinstance(K, int) and K >= 3, f"a regular graph needs K >= 3 nodes, got {K}")
     require(isinstance(degree, int) and 1 <= degree < K, f"the degree must lie in [1, K-1], got {degree}")
     require(K * degree % 2 == 0, f"K * degree must be even for a {degree}-regular graph on {K} nodes")
+    require_seed(seed, "the graph seed")
+    if degree == K - 1:  # the complete graph, the only one (which the pairing model rarely draws)
+        return torch.ones(K, K, dtype=torch.float64) - torch.eye(K, dtype=torch.float64)
     rng = np.random.default_rng(seed)
     stubs = np.repeat(np.arange(K), degree)
     for _ in range(tries):
@@ -175,6 +178,7 @@ class RegularGraphWalk(_NamedChain):
 
     def __init__(self, K: int, degree: int, N: int, graph_seed: int = 0, stay: float = 0.0,
                  initial: Any = None):
+        require_seed(graph_seed, "the graph seed")
         self.K, self.degree, self.graph_seed, self.stay = K, degree, int(graph_seed), float(stay)
         self.adjacency = random_regular_adjacency(K, degree, self.graph_seed)
         super().__init__(graph_walk_transition(self.adjacency, stay), N, initial)
@@ -348,6 +352,7 @@ class RandomOrderChain(HigherOrderChain):
     kind = "random-order"
 
     def __init__(self, K: int, order: int, N: int, concentration: float = 1.0, chain_seed: int = 0):
+        require_seed(chain_seed, "the chain seed")
         self.K, self.concentration, self.chain_seed = K, float(concentration), int(chain_seed)
         super().__init__(random_order_transition(K, order, self.concentration, self.chain_seed), N)
 

@@ -57,7 +57,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("task and model (PAPER.md sections 1-2)")
     g.add_argument("--K", type=int, default=None, help="number of nodes on the circle (default 6)")
     g.add_argument("--N", type=int, default=None, help="positions per sample, query slot included (default 97)")
-    g.add_argument("--M", type=int, default=1000, help="positional embedding dimension (default 1000)")
+    g.add_argument("--M", type=int, default=None,
+                   help="positional embedding dimension (default 1000; concatenated positions only)")
     g.add_argument("--p", type=float, default=None,
                    help="probability of a +1 step (default 0.5; --task circle and lazy)")
     g.add_argument("--pe", choices=["orthogonal", "sine", "learned"], default=None,
@@ -65,14 +66,16 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         "orthogonal) or learned (--model deep)")
     g.add_argument("--init", choices=["zero", "gaussian", "standard"], default=None,
                    help="initialisation (default zero; standard = GPT-2 style, --model deep)")
-    g.add_argument("--sigma", type=float, default=0.01, help="std of the Gaussian initialisation (default 0.01)")
+    g.add_argument("--sigma", type=float, default=None,
+                   help="with --init gaussian: std of the initialisation (default 0.01)")
     g.add_argument("--normalize-tokens", action="store_true",
                    help="use x~/||x~|| inside the attention (the paper's random-init runs)")
     g.add_argument("--keys-only", action="store_true",
                    help="with --normalize-tokens: normalise the keys x~_1..x~_N but not the query")
     g.add_argument("--token-norm", type=float, default=None,
                    help="with --normalize-tokens: the length x~ is normalised to (default 1)")
-    g.add_argument("--mlp-width", type=int, default=None, help="FC+ReLU variant with this width m")
+    g.add_argument("--mlp-width", type=int, default=None,
+                   help="FC+ReLU variant with this width m (--model deep: a learned MLP of this width)")
     g.add_argument("--act-fn", choices=["relu", "linear"], default=None,
                    help="with --mlp-width: the FC layer's activation (default relu; linear: no ReLU, f = A V X S)")
     g.add_argument("--dtype", choices=["float32", "float64"], default="float64", help="default float64")
@@ -132,15 +135,16 @@ def add_deep_arguments(parser: argparse.ArgumentParser) -> None:
                         "(e.g. --M 64)")
     g.add_argument("--preset", choices=["paper", "standard"], default=None,
                    help="deep model starting point: paper (default; the paper's model as a DeepTransformer) or "
-                        "standard (learned added positions, factored QK, residual, causal, GPT-2 init, d_model 32); "
-                        "the options below override it")
+                        "standard (learned added positions, factored QK, residual, causal, GPT-2 init, d_model 32; "
+                        "its logits need --loss xent); the options below override it")
     g.add_argument("--layers", type=int, default=None, help="number of layers")
     g.add_argument("--heads", type=int, default=None, help="heads per layer")
     g.add_argument("--d-model", type=int, default=None, help="residual width (added positions)")
     g.add_argument("--d-head", type=int, default=None, help="head width")
     g.add_argument("--pos-mode", choices=["concat", "added"], default=None,
                    help="positions concatenated (paper) or added")
-    g.add_argument("--token-embedding", choices=["onehot", "learned"], default=None)
+    g.add_argument("--token-embedding", choices=["onehot", "learned"], default=None,
+                   help="one-hot tokens (paper) or learned embeddings")
     g.add_argument("--d-token", type=int, default=None, help="width of learned token embeddings (concat)")
     g.add_argument("--key-query", choices=["merged", "factored"], default=None, help="merged W (paper) or W_Q, W_K")
     g.add_argument("--attn-scale", type=float, default=None, help="scores are divided by this (paper: 1)")
@@ -161,12 +165,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--loss", choices=["log", "xent", "squared"], default="log", help="default: the paper's log")
     g.add_argument("--optimizer", choices=["gd", "sgd", "adamw"], default="gd",
                    help="gd: full-batch gradient descent (the paper's)")
-    g.add_argument("--batch-size", type=int, default=None, help="mini-batch size for sgd/adamw")
-    g.add_argument("--weight-decay", type=float, default=0.0)
+    g.add_argument("--batch-size", type=int, default=None, help="mini-batch size (sgd, adamw; default full batch)")
+    g.add_argument("--weight-decay", type=float, default=0.0,
+                   help="shrink the weights by lr * this each step (default 0; gd and sgd: coupled, adamw: decoupled)")
     g.add_argument("--reduction", choices=["mean", "sum"], default="mean",
                    help="the loss averaged (the paper's stated reading) or summed over the training samples")
     g.add_argument("--n-train", type=int, default=1000, help="training samples, walks or sentences (default 1000)")
-    g.add_argument("--n-test", type=int, default=1000, help="test samples (default 1000)")
+    g.add_argument("--n-test", type=int, default=None, help="test samples (default 1000; not with --population)")
     g.add_argument("--population", action="store_true",
                    help="train and evaluate on the exact population of all samples (small N)")
     g.add_argument("--seed", type=int, default=0, help="seeds initialisation and data (default 0)")
@@ -196,6 +201,8 @@ def _start(text: str | None, K: int) -> Any:
     except ValueError:
         raise RwinterpError(f"--start must be 'uniform', a state or {K} comma-separated probabilities, "
                             f"got {text!r}") from None
+    if not all(math.isfinite(v) for v in values):
+        raise RwinterpError(f"--start values must be finite, got {text!r}")
     if len(values) == 1:
         state = int(values[0])
         if state != values[0] or not 0 <= state < K:
@@ -257,7 +264,13 @@ def make_model(args: argparse.Namespace, task: Any) -> Any:
     """The model that ``rwinterp train`` options describe, sized for ``task``."""
     if args.act_fn is not None and args.mlp_width is None:
         raise RwinterpError("--act-fn needs --mlp-width")
+    if args.sigma is not None and args.init != "gaussian":
+        raise RwinterpError("--sigma needs --init gaussian")
+    for flag, value, deep_only in (("pe", args.pe, "learned"), ("init", args.init, "standard")):
+        if value == deep_only and args.model == "paper":
+            raise RwinterpError(f"--{flag} {value} needs --model deep")
     act_fn = args.act_fn or "relu"
+    sigma = 0.01 if args.sigma is None else args.sigma
     deep = {field: getattr(args, name) for name, field in DEEP_OPTIONS.items() if getattr(args, name) is not None}
     if args.model == "paper":
         given = [name for name in DEEP_OPTIONS if getattr(args, name) is not None]
@@ -268,8 +281,8 @@ def make_model(args: argparse.Namespace, task: Any) -> Any:
         from rwinterp.model import WalkTransformer
 
         return WalkTransformer(WalkTransformerConfig(
-            n_states=task.n_states, n_ctx=task.seq_len, pos_dim=args.M, pos_embedding=args.pe or "orthogonal",
-            init=args.init or "zero", init_sigma=args.sigma, mlp_width=args.mlp_width, act_fn=act_fn, seed=args.seed,
+            n_states=task.n_states, n_ctx=task.seq_len, pos_dim=args.M or 1000, pos_embedding=args.pe or "orthogonal",
+            init=args.init or "zero", init_sigma=sigma, mlp_width=args.mlp_width, act_fn=act_fn, seed=args.seed,
             dtype=args.dtype, **_normalisation(args),
         ))
     from rwinterp.deep import DeepConfig, DeepTransformer
@@ -277,23 +290,37 @@ def make_model(args: argparse.Namespace, task: Any) -> Any:
     for name, value in (("pos_embedding", args.pe), ("init", args.init), ("mlp_width", args.mlp_width)):
         if value is not None:
             deep[name] = value
-    deep.update(init_sigma=args.sigma, act_fn=act_fn, seed=args.seed, dtype=args.dtype, **_normalisation(args))
+    deep.update(init_sigma=sigma, act_fn=act_fn, seed=args.seed, dtype=args.dtype, **_normalisation(args))
     if args.preset == "standard":
         cfg = DeepConfig.standard(task.n_states, task.seq_len, deep.pop("d_model", 32), **deep)
     else:
-        cfg = DeepConfig.paper(task.n_states, task.seq_len, args.M, **deep)
+        cfg = DeepConfig.paper(task.n_states, task.seq_len, args.M or 1000, **deep)
+    # Options the chosen positions would ignore are refused rather than dropped.
+    if cfg.pos_mode == "added":
+        for flag, given in (("M", args.M), ("d-token", args.d_token)):
+            if given is not None:
+                raise RwinterpError(f"--{flag} applies to concatenated positions; with added ones use --d-model")
+    elif args.d_model is not None:
+        raise RwinterpError("--d-model applies to added positions (--pos-mode added); concatenated ones give "
+                            "d_model = d_token + M")
     return DeepTransformer(cfg)
 
 
 def _train(args: argparse.Namespace) -> int:
+    from rwinterp.atomic import check_target
+    from rwinterp.runs import CONFIG_FILE
     from rwinterp.training import TrainConfig
 
+    if args.out is not None:  # refused now, not after the training
+        check_target(args.out, CONFIG_FILE, "run")
+    if args.population and args.n_test is not None:
+        raise RwinterpError("--n-test does not apply to --population (the test set is the whole population)")
     task = make_task(args)
     train_cfg = TrainConfig(
         lr=args.lr, eps=args.eps, steps=args.steps, loss=args.loss, optimizer=args.optimizer,
         batch_size=args.batch_size, weight_decay=args.weight_decay, n_train=args.n_train,
-        n_test=args.n_test, population=args.population, seed=args.seed, next_token=args.next_token,
-        reduction=args.reduction,
+        n_test=1000 if args.n_test is None else args.n_test, population=args.population, seed=args.seed,
+        next_token=args.next_token, reduction=args.reduction,
     )
     if args.population:  # refuse before building the model
         from rwinterp.tasks import check_population_size
@@ -321,7 +348,7 @@ def _train(args: argparse.Namespace) -> int:
     }
     if "parent_attention_heads" in final:
         summary["parent_attention_heads"] = final["parent_attention_heads"]
-    if args.out:
+    if args.out is not None:
         save_run(args.out, model, task, train_cfg.to_dict(), result.history, summary)
     V = None if model.V is None else model.V.detach().tolist()
     if args.json:
@@ -348,14 +375,16 @@ def _train(args: argparse.Namespace) -> int:
     if vd is not None:  # only the paper's model on a Markov chain has a V to compare with Pi^T
         print(f"V vs Pi^T   ||V/||V|| - Pi^T/||Pi^T|| ||_F = {vd:.4f}")
     if V is not None:
-        form = "V X S"
+        form = "f = V X S"
         if args.model == "paper" and cfg.mlp_width is not None:
-            form = "A ReLU(V X S)" if cfg.act_fn == "relu" else "A V X S"
-        print(f"V (f = {form}{'; a trained V approaches Pi^T' if vd is not None else ''}):")
+            form = "f = A ReLU(V X S)" if cfg.act_fn == "relu" else "f = A V X S"
+        elif args.model == "deep" and (cfg.residual or cfg.readout == "learned" or cfg.values == "all"):
+            form = "the head's state-to-score map (W_E W_V W_O W_U)^T"
+        print(f"V ({form}{'; a trained V approaches Pi^T' if vd is not None else ''}):")
         cell = "{:8.3f}" if max(abs(x) for row in V for x in row) < 1e4 else "{:10.3e}"  # fixed point while it fits
         for row in V:
             print("   " + " ".join(cell.format(x) for x in row))
-    if args.out:
+    if args.out is not None:
         print(f"saved run   {args.out}")
     return 0
 
@@ -375,26 +404,34 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
-    parser = _Parser(prog="rwinterp", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="rwinterp", description=__doc__.splitlines()[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    handlers = {}
+    handlers, parsers = {}, {}
     for name, configure in COMMANDS.items():
-        p = sub.add_parser(name, help=configure.help, description=configure.help)
-        handlers[name] = configure(p)
-    parser.set_defaults(_handlers=handlers)
+        parsers[name] = sub.add_parser(name, help=configure.help, description=configure.help)
+        handlers[name] = configure(parsers[name])
+    parser.set_defaults(_handlers=handlers, _parsers=parsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
+    if extra:  # reported by the sub-command, whose --help is the one to read
+        args._parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args._handlers[args.command](args)
     except RwinterpError as exc:
         sys.stderr.write(f"rwinterp: error: {exc}\n")
+        return 2
+    except (MemoryError, RuntimeError) as exc:
+        if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
+            raise
+        sys.stderr.write("rwinterp: error: not enough memory for the sizes asked for "
+                         f"({str(exc).splitlines()[0] if str(exc) else 'MemoryError'})\n")
         return 2
     except BrokenPipeError:
         # The reader stopped reading (``| head``): stop quietly, with stdout pointed at /dev/null so

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Optional
 import torch
 from transformer_lens.config import TransformerLensConfig
 
-from rwinterp.errors import RwinterpError, from_dict_checked, require
+from rwinterp.errors import RwinterpError, from_dict_checked, require, require_seed
 
 POS_EMBEDDINGS = ("orthogonal", "sine")
 INITS = ("zero", "gaussian")
@@ -104,6 +104,10 @@ class LibraryConfig(TransformerLensConfig):
                 f"token norm must be a positive number, got {self.token_norm!r}")
         require(self.act_fn in ACTIVATIONS,
                 f"act_fn must be one of {', '.join(ACTIVATIONS)}, got {self.act_fn!r}")
+        require(isinstance(self.init_sigma, (int, float)) and not isinstance(self.init_sigma, bool)
+                and math.isfinite(self.init_sigma) and self.init_sigma >= 0,
+                f"sigma must be a non-negative number, got {self.init_sigma!r}")
+        require_seed(self.seed)
         super().__post_init__()
 
     @property
@@ -157,7 +161,6 @@ class WalkTransformerConfig(LibraryConfig):
         else:
             require(M > N, f"sine positional embeddings need M > N (got M={M}, N={N})")
         require(self.init in INITS, f"init must be one of {', '.join(INITS)}, got {self.init!r}")
-        require(self.init_sigma >= 0, f"sigma must be non-negative, got {self.init_sigma}")
         if self.mlp_width is not None:
             require(isinstance(self.mlp_width, int) and 1 <= self.mlp_width <= K + M,
                     f"mlp width must be an integer in [1, K + M], got {self.mlp_width}")

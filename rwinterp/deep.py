@@ -89,8 +89,8 @@ from transformer_lens.hook_points import HookPoint
 
 from rwinterp.config import LibraryConfig, WalkTransformerConfig, dtype_name, resolve_dtype
 from rwinterp.errors import require
-from rwinterp.model import (HookedWalkModel, SymmetricReadout, WalkBlock, WalkTransformer,
-                            positional_embeddings)
+from rwinterp.model import (HookedWalkModel, SymmetricReadout, WalkBlock, WalkTransformer, positional_embeddings,
+                            with_gradient)
 from rwinterp.runs import ModelKind, register_model_kind
 
 CHOICES = {
@@ -146,7 +146,7 @@ class DeepConfig(LibraryConfig):
                     f"{name} must be an integer >= {low}, got {value}")
         concat = self.pos_mode == "concat"
         if concat:
-            d_token = K if self.token_embedding == "onehot" else (self.d_token or K)
+            d_token = K if self.token_embedding == "onehot" or self.d_token is None else self.d_token
             require(self.token_embedding == "learned" or self.d_token in (None, K),
                     f"one-hot tokens take d_token = K = {K}, got {self.d_token}")
             require(isinstance(d_token, int) and d_token >= 1, f"d_token must be a positive integer, got {d_token}")
@@ -184,7 +184,6 @@ class DeepConfig(LibraryConfig):
                     f"K={K}, d_model={self.d_model})")
         require(isinstance(self.attn_scale, (int, float)) and math.isfinite(self.attn_scale) and self.attn_scale > 0,
                 f"attn_scale must be positive, got {self.attn_scale}")
-        require(self.init_sigma >= 0, f"sigma must be non-negative, got {self.init_sigma}")
         self.d_mlp = self.mlp_width
         self.attn_only = self.mlp_width is None
         self.d_vocab = K + 1
@@ -205,7 +204,12 @@ class DeepConfig(LibraryConfig):
     def paper(cls, n_states: int, n_ctx: int, pos_dim: int, **overrides: Any) -> "DeepConfig":
         """The paper's model (PAPER.md section 2); ``overrides`` change single options.
 
-        With ``mlp_width = m`` (appendix F.2) the head has ``d_head = m``: ``f = A ReLU(V X S)``.
+        With ``mlp_width = m`` (appendix F.2) the head has ``d_head = m`` and an MLP follows it. It
+        computes the paper's ``f = A ReLU(V X S)`` while ``W_in`` selects the head output (as
+        :func:`from_walk_transformer` sets it), but ``W_in`` and all of ``W_out`` are learned and drawn
+        from ``init`` like every other weight: a general one-hidden-layer MLP on the residual stream, of
+        which the paper's variant is one point. ``WalkTransformer`` with ``mlp_width`` trains exactly the
+        paper's A and V.
         """
         if overrides.get("mlp_width") is not None:
             overrides.setdefault("d_head", overrides["mlp_width"])
@@ -317,7 +321,7 @@ class Attention(nn.Module):
         x_q = x_q[:, -1:] if cfg.attention == "query" else x_q
         if cfg.key_query == "merged":
             q = QueryProjection.apply(x_q, self.W)  # W[h] x_q
-            k = x[:, :, None, :].expand(-1, -1, cfg.n_heads, -1)
+            k = with_gradient(x[:, :, None, :].expand(-1, -1, cfg.n_heads, -1), self.hook_k)
         else:
             q = torch.einsum("bqm,hmd->bqhd", x_q, self.W_Q)
             k = torch.einsum("bpm,hmd->bphd", x, self.W_K)
@@ -495,8 +499,7 @@ class DeepTransformer(HookedWalkModel):
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch Q K"]:
         """Logits (raw scores) at the query slot (``[batch, 1, K]``) or at every position (causal)."""
         tokens = self._check_tokens(tokens)
-        embed = self.hook_embed(self.W_E[tokens])
-        pos = self.hook_pos_embed(self.W_pos.expand(tokens.shape[0], -1, -1))
+        embed, pos = self._embeddings(tokens)
         resid = embed + pos
         for block in self.blocks:
             resid = block(resid)

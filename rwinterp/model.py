@@ -44,8 +44,9 @@ The query ``x~_N = [0; p_N]`` is the same for every sample, so only ``u = W x~_N
 pass and every gradient of W is an outer product ``g x~_N^T``. The model therefore stores ``u``
 (``blocks.0.attn.u``) and never materialises the ``(K+M) x (K+M)`` matrix W during training; plain
 gradient descent on W is gradient descent on ``u`` with the learning rate scaled by
-``||x~_N||^2`` (see :meth:`WalkTransformer.u_lr_scale`). The paper's W is available as
-:attr:`WalkTransformer.W` (rebuilt exactly from ``u`` and the stored initial W). When no hook is
+``||x~_N||^2`` (see :meth:`WalkTransformer.u_lr_scale`; Adam and weight decay in
+:func:`rwinterp.training._optimizer`). The paper's W is available as :attr:`WalkTransformer.W`
+(rebuilt exactly from ``u`` and the stored initial W). When no hook is
 attached to the embeddings or ``resid_pre``, the forward pass computes attention scores from the
 tokens directly (``u_tok[x_i] + p_i . u_pos``) without building ``[batch, pos, d_model]`` tensors.
 """
@@ -64,7 +65,7 @@ from transformer_lens.FactoredMatrix import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from rwinterp.config import WalkTransformerConfig
+from rwinterp.config import WalkTransformerConfig, resolve_dtype
 from rwinterp.errors import RwinterpError, require
 from rwinterp.runs import ModelKind, register_model_kind
 
@@ -143,6 +144,14 @@ def _inner_sum(a: Tensor, b: Tensor) -> Tensor:
     return (a.contiguous() * b.contiguous()).contiguous().sum(-1)
 
 
+def with_gradient(x: Tensor, *hooks: HookPoint) -> Tensor:
+    """``x``, made a leaf with a gradient if it has none (it comes from fixed buffers) and one of ``hooks``
+    holds a backward hook: otherwise that hook would never fire."""
+    if x.requires_grad or not torch.is_grad_enabled() or not any(h.has_hooks(dir="bwd") for h in hooks):
+        return x
+    return x.detach().clone().requires_grad_()
+
+
 class WalkAttention(nn.Module):
     """Single-head attention from the query slot, with merged key-query W and value matrix V."""
 
@@ -151,6 +160,8 @@ class WalkAttention(nn.Module):
         self.cfg = cfg
         self.V = nn.Parameter(torch.zeros(cfg.d_head, cfg.n_states, dtype=cfg.dtype))
         self.u = nn.Parameter(torch.zeros(cfg.d_model, dtype=cfg.dtype))
+        self.hook_q = HookPoint()
+        self.hook_k = HookPoint()
         self.hook_v = HookPoint()
         self.hook_attn_scores = HookPoint()
         self.hook_pattern = HookPoint()
@@ -164,12 +175,22 @@ class WalkAttention(nn.Module):
     ) -> Float[Tensor, "batch 1 1 d_head"]:
         """``keys_in[b, i] = x~_i . u`` (already normalised if configured).
 
+        In TransformerLens's terms the key-query circuit has ``d_head = 1`` (``W_Q``, ``W_K``): ``hook_q``
+        is the query slot's ``q = x~_N . W_Q = 1`` (``[batch, 1, 1, 1]``), ``hook_k`` the keys ``x~_i . u``
+        (``[batch, pos, 1, 1]``) and the score their product. They are formed only when hooked.
+
         ``token_part`` (``X^T``, from the residual stream) is given on the dense path; otherwise
         values are read from the tokens, and when nothing hooks them the weighted sum of values
         ``V X S`` is formed as ``V (sum_i S_i x_i)`` by a scatter, never building ``[batch, pos, K]``.
         """
         K = self.cfg.n_states
-        scores = self.hook_attn_scores(keys_in[:, None, None, :])
+        if self.hook_q.has_hooks() or self.hook_k.has_hooks():
+            q = self.hook_q(with_gradient(keys_in.new_ones(keys_in.shape[0], 1, 1, 1), self.hook_q))
+            k = self.hook_k(keys_in[:, :, None, None])
+            scores = torch.einsum("bqhd,bphd->bhqp", q, k)
+        else:
+            scores = keys_in[:, None, None, :]
+        scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(torch.softmax(scores, dim=-1))
         if token_part is None and not self.hook_v.has_hooks():
             weights = pattern[:, 0, 0, :]
@@ -228,6 +249,25 @@ class HookedWalkModel(HookedRootModule):
         if isinstance(cache, ActivationCache):
             return out, cache
         return out, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> "HookedWalkModel":
+        """``.to(dtype)``, ``.float()``, ``.double()``: as TransformerLens's ``to`` does, ``cfg.dtype``
+        follows the weights, so a saved run rebuilds in the dtype it was saved in."""
+        super()._apply(fn, *args, **kwargs)
+        dtype = next((p.dtype for p in self.parameters() if p.is_floating_point()), None)
+        if dtype is not None and dtype != self.cfg.dtype:
+            self.cfg.dtype = resolve_dtype(dtype)
+        return self
+
+    def _embeddings(self, tokens: Int[Tensor, "batch pos"]) -> tuple[Tensor, Tensor]:
+        """``hook_embed(W_E[tokens])`` and ``hook_pos_embed(W_pos)``, each ``[batch, pos, d_model]``.
+
+        Fixed (one-hot, sine or orthogonal) embeddings are buffers with no gradient of their own: when a
+        backward hook waits on them or on ``blocks.0.hook_resid_pre`` (attribution patching), they are
+        given one here, or the hook would never fire."""
+        embed, pos = self.W_E[tokens], self.W_pos.expand(tokens.shape[0], -1, -1)
+        hooks = (self.hook_embed, self.hook_pos_embed, self.blocks[0].hook_resid_pre)
+        return self.hook_embed(with_gradient(embed, *hooks)), self.hook_pos_embed(with_gradient(pos, *hooks))
 
     @property
     def QK(self) -> FactoredMatrix:
@@ -350,6 +390,8 @@ class WalkTransformer(HookedWalkModel):
     def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model 1"]:
         """With ``W_K``, a rank-one factorisation of the query-key circuit on the model's domain:
         the query ``q`` gives ``q . W_Q = 1`` and keys are ``x~_i . u``, so the score is ``x~_i^T W q``.
+        With ``normalize_tokens`` the score is this circuit applied to the normalised tokens
+        ``x~_i / ||x~_i||`` (times ``token_norm``), not to the residual stream ``hook_resid_pre``.
         """
         q = self.query_vector()
         return (q / q.pow(2).sum())[None, None, :, None]
@@ -421,8 +463,7 @@ class WalkTransformer(HookedWalkModel):
         K = cfg.n_states
         token_part = None
         if self._dense_inputs():
-            embed = self.hook_embed(self.W_E[tokens])
-            pos = self.hook_pos_embed(self.W_pos.expand(tokens.shape[0], -1, -1))
+            embed, pos = self._embeddings(tokens)
             resid = block.hook_resid_pre(embed + pos)
             keys = resid @ u
             if cfg.normalize_tokens:

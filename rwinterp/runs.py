@@ -151,8 +151,12 @@ def load_run(directory: str | os.PathLike) -> Run:
             f"{path / CONFIG_FILE} is not a version-{FORMAT} run config")
     for key in ("model_kind", "model", "task", "train"):
         require(key in config, f"{path / CONFIG_FILE} lacks {key!r}")
+        wanted = str if key == "model_kind" else dict
+        require(isinstance(config[key], wanted),
+                f"{path / CONFIG_FILE}: {key!r} must be a JSON {'string' if wanted is str else 'object'}")
     history = _read_json(path / HISTORY_FILE)
-    require(isinstance(history, dict) and "history" in history, f"{path / HISTORY_FILE} is malformed")
+    require(isinstance(history, dict) and isinstance(history.get("history"), list)
+            and isinstance(history.get("summary", {}), dict), f"{path / HISTORY_FILE} is malformed")
     task = task_from_dict(config["task"])
     try:
         model = _kind(config["model_kind"]).build(config["model"])
@@ -178,6 +182,10 @@ def load_run(directory: str | os.PathLike) -> Run:
         require(tensor.shape == expected[name].shape,
                 f"mismatched weights in {path}: {name} has shape {list(tensor.shape)}, "
                 f"the config implies {list(expected[name].shape)}")
+        require(tensor.dtype == expected[name].dtype,
+                f"mismatched weights in {path}: {name} is {tensor.dtype}, the config says {expected[name].dtype}")
+        require(not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()),
+                f"non-finite weights in {path / WEIGHTS_FILE}: {name}")
     with torch.no_grad():
         model.load_state_dict(state)
     model.eval()

@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rwinterp import losses
-from rwinterp.errors import RwinterpError, from_dict_checked, require
+from rwinterp.errors import RwinterpError, from_dict_checked, require, require_seed
 from rwinterp.metrics import accuracy, parent_attention, transition_distance
 from rwinterp.model import WalkTransformer
 from rwinterp.tasks import Batch, Task
@@ -69,7 +69,11 @@ class TrainConfig:
         require(self.optimizer in OPTIMIZERS,
                 f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         require(self.batch_size is None or self.batch_size >= 1, "batch size must be >= 1")
-        require(self.weight_decay >= 0, "weight decay must be >= 0")
+        require(isinstance(self.weight_decay, (int, float)) and math.isfinite(self.weight_decay)
+                and self.weight_decay >= 0, f"weight decay must be a non-negative number, got {self.weight_decay}")
+        require(self.batch_size is None or self.optimizer != "gd",
+                "a batch size needs --optimizer sgd or adamw (gd is full-batch gradient descent)")
+        require_seed(self.seed)
         require(self.n_train >= 1 and self.n_test >= 1, "n-train and n-test must be >= 1")
         require(self.reduction in REDUCTIONS,
                 f"reduction must be one of {', '.join(REDUCTIONS)}, got {self.reduction!r}")
@@ -187,18 +191,25 @@ class GradientDescent(torch.optim.Optimizer):
 
 
 def _optimizer(model: WalkTransformer, config: TrainConfig) -> torch.optim.Optimizer:
-    if config.optimizer == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    """The optimiser of the paper's parameters, V and W (and A), whichever way the model stores them.
+
+    :class:`~rwinterp.model.WalkTransformer` keeps only ``u = W q`` of the paper's W (q the query
+    vector), and every W-gradient is ``g q^T`` with ``g = dL/du``. Gradient descent on W therefore
+    moves u by ``||q||^2`` times gradient descent's step on u. Adam on W normalises each entry
+    ``g_i q_j`` by its own running size, which leaves ``sign(q_j)`` times Adam's step for ``g_i``:
+    it moves u by ``||q||_1`` times Adam's step on u (up to Adam's small eps). Weight decay shrinks
+    W, and so u, by ``lr * weight_decay`` per step whatever the scale; the part of W that u does not
+    hold (a stored Gaussian ``W_init`` off the query direction) is shrunk by :func:`train`.
+    """
+    cls = torch.optim.AdamW if config.optimizer == "adamw" else GradientDescent
     u = getattr(model, "u", None)
     if not isinstance(u, torch.nn.Parameter):  # a model that stores its weights as they are
-        return GradientDescent(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        return cls(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    scale = float(model.query_vector().abs().sum()) if config.optimizer == "adamw" else model.u_lr_scale()
     others = [p for p in model.parameters() if p is not u]
-    # Gradient descent on W moves u by ||x~_N||^2 times the gradient step on u.
-    return GradientDescent(
-        [{"params": others, "lr": config.lr}, {"params": [u], "lr": config.lr * model.u_lr_scale()}],
-        lr=config.lr,
-        weight_decay=config.weight_decay,
-    )
+    return cls([{"params": others},
+                {"params": [u], "lr": config.lr * scale, "weight_decay": config.weight_decay / scale}],
+               lr=config.lr, weight_decay=config.weight_decay)
 
 
 def _v_distance(model: WalkTransformer, task: Task) -> Optional[float]:
@@ -240,8 +251,12 @@ def train(
     start = time.perf_counter()
     bar = tqdm(range(config.steps + 1), desc="train", disable=(None if progress is None else not progress),
                leave=False)
-    # Only the parameters change during training: buffers (such as a stored W_init) need no copy.
-    last_good = [p.detach().clone() for p in model.parameters()]
+    # Only the parameters change during training, and under weight decay a stored Gaussian W_init (the part
+    # of W off the query direction, which decays with W): the other buffers need no copy.
+    W_init = getattr(model, "W_init", None)
+    decaying = [W_init] if config.weight_decay and W_init is not None and W_init.numel() else []
+    changing = [*model.parameters(), *decaying]
+    last_good = [p.detach().clone() for p in changing]
     for step in bar:
         store: dict[str, Any] = {}
         logits = logits_and_pattern(model, train_data.tokens, store)
@@ -250,11 +265,18 @@ def train(
         loss_value = float(loss.detach())
         if not math.isfinite(loss_value):
             with torch.no_grad():
-                for p, good in zip(model.parameters(), last_good):
+                for p, good in zip(changing, last_good):
                     p.copy_(good)
+            model.eval()
             result.train_seconds = time.perf_counter() - start
             where = ("at initialisation" if step == 0
                      else f"at step {step}; the model keeps the state after step {step - 1}")
+            if config.loss == "log" and bool((scores.detach().gather(1, train_data.labels[:, None]) + config.eps
+                                              <= 0).any()):
+                # -log(f_y + eps) needs f_y > -eps: raw scores that can be negative (a large random
+                # initialisation, a model whose outputs are logits) leave it undefined.
+                raise TrainingDiverged(f"the loss -log(f_y + eps) is undefined {where}: some score f_y is at or "
+                                       f"below -eps = {-config.eps:g} (use --loss xent, or a smaller --sigma)", result)
             raise TrainingDiverged(f"the loss became {loss_value} {where}", result)
         with torch.no_grad():
             test_scores = scores if test_data is train_data else logits_and_pattern(
@@ -277,7 +299,7 @@ def train(
         bar.set_postfix(loss=f"{loss_value:.4f}", acc=f"{record['test_accuracy']:.3f}")
         if step == config.steps:
             break
-        last_good = [p.detach().clone() for p in model.parameters()]
+        last_good = [p.detach().clone() for p in changing]
         optimizer.zero_grad(set_to_none=True)
         if not full_batch:
             idx = torch.randint(len(train_data), (config.batch_size,), generator=gen)
@@ -285,6 +307,9 @@ def train(
             loss = objective(config, model(mini.tokens), mini)
         (loss * reduction_scale(config, train_data if full_batch else mini)).backward()
         optimizer.step()
+        with torch.no_grad():
+            for t in decaying:  # W <- (1 - lr weight_decay) W, coupled (gd, sgd) or decoupled (adamw) alike
+                t.mul_(1 - config.lr * config.weight_decay)
     model.eval()
     result.train_seconds = time.perf_counter() - start
     return result

@@ -345,3 +345,21 @@ def test_cli_next_token_training_of_a_standard_model(capsys):
     bayes = data["bayes_accuracy"]
     assert bayes == pytest.approx(0.95 * 0.9, abs=1e-12)
     assert data["test_accuracy"] > bayes - 0.08  # 300 test walks: 3 standard errors is about 0.06
+
+
+@pytest.mark.parametrize("options", [{}, {"pos_mode": "added", "d_model": 16, "values": "all"}])
+def test_backward_hooks_fire_at_every_hook_point(options):
+    """Attribution patching needs gradients at every activation, the fixed embeddings and the merged
+    key-query's first-layer keys (the embeddings themselves) included."""
+    task = CircleWalk(6, 0.5, 12)
+    cfg = (DeepConfig.paper(6, 12, 30, init="gaussian", init_sigma=0.1, n_layers=2) if not options
+           else DeepConfig(n_states=6, n_ctx=12, init="gaussian", **options))
+    model = DeepTransformer(cfg)
+    tokens = task.sample(4, 0).tokens
+    for name in model.hook_dict:
+        fired = []
+        out = model.run_with_hooks(tokens, bwd_hooks=[(name, lambda g, hook: fired.append(hook.name))],
+                                   reset_hooks_end=False)
+        out[:, -1, 0].sum().backward()
+        model.reset_hooks()
+        assert fired == [name]

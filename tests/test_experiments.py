@@ -150,6 +150,19 @@ def test_unknown_figures_and_quantities_are_one_line_errors(tmp_path, capsys):
     assert main(["reproduce", "2", "--out", "/proc/rwinterp-o", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rwinterp: error: cannot write into /proc: ") and err.count("\n") == 1
+    # A directory of something else is refused; a reproduction's is replaced whole, so no figure of an
+    # earlier reproduction is left beside a report that no longer lists it.
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "keep").write_text("x")
+    assert main(["reproduce", "2", "--out", str(tmp_path / "other"), "--no-progress"]) == 2
+    assert "is not a reproduction directory" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "other").iterdir()] == ["keep"]
+    out = tmp_path / "repro"
+    assert main(["reproduce", "2", "--out", str(out), "--no-progress"]) == 0
+    (out / "figXX.png").write_text("stale")
+    assert main(["reproduce", "2", "--out", str(out), "--no-progress"]) == 0
+    assert not (out / "figXX.png").exists() and (out / "fig02.png").exists()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch left
 
 
 @pytest.mark.parametrize("offset, slope, answers", [(0.3, 0.01, 1), (-0.3, 0.01, 1), (0.0, 0.2, 2), (0.1, 0.2, 2)])
@@ -300,6 +313,45 @@ def test_tick_legend_and_bar_options():
     bars = ax.patches
     assert len(bars) == 97 and bars[0].get_x() + bars[0].get_width() / 2 == 1 and bars[-1].get_x() == 96.5
     assert all(b.get_width() == 1.0 and b.get_linewidth() == 0 for b in bars)
+    plt.close(figure)
+
+
+def test_shared_scales_zero_based_colours_dashes_and_reference_styles():
+    """Panels of one ``share`` group get one value range (a variance of 1e-11 no longer looks like one of
+    0.03); ``zero`` puts 0 into a heatmap's colour scale; ``dashes`` lets a curve lying on another show;
+    two reference lines differ in style; a 20 x 20 heatmap labels 1, 5, 10, 15, 20."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from experiments.plots import _bar, _heatmap, _line, shared_scales
+    from experiments.spec import Panel
+
+    tiny = Panel("bar", data=lambda r: np.array([1e-11, 2e-11]), options={"share": "row"})
+    large = Panel("bar", data=lambda r: (400, np.array([0.01, 0.03])), options={"share": "row"})
+    alone = Panel("bar", data=lambda r: np.array([5.0]))
+    shared = shared_scales([tiny, large, alone], Results({}))
+    assert shared[0].options["range"] == shared[1].options["range"] == (1e-11, 0.03)
+    assert "range" not in shared[2].options
+    figure, (left, middle, right) = plt.subplots(1, 3)
+    _bar(left, shared[0], Results({}))
+    assert left.get_ylim() == pytest.approx((0, 0.0315))
+    _heatmap(middle, Panel("heatmap", data=lambda r: np.full((20, 20), 1.6) + np.eye(20) * 0.01,
+                           options={"zero": True}), Results({}))
+    assert middle.collections[0].norm.vmin == 0 and middle.collections[0].norm.vmax == pytest.approx(1.61)
+    assert [t.get_text() for t in middle.get_xticklabels()] == ["1", "5", "10", "15", "20"]
+    same = {"a": lambda r: ([0, 1], [0.5, 0.5]), "b": lambda r: ([0, 1], [0.5, 0.5])}
+    _line(right, Panel("line", series=same, ref={"x": 0.2, "y": 0.8}, options={"dashes": True, "style": ".-"}),
+          Results({}))
+    a, b, x, y = right.get_lines()
+    assert a.get_linestyle() == "-" and b.get_linestyle() != "-" and b.get_marker() == "."
+    assert x.get_linestyle() != y.get_linestyle()
+    plt.close(figure)
+    figure, ax = plt.subplots()  # ``colours``: a series drawn in another's colour (a seed in its reading's)
+    _line(ax, Panel("line", series={**same, "c": same["a"]}, options={"colours": {"c": 0}}), Results({}))
+    a, b, c = ax.get_lines()
+    assert a.get_color() == c.get_color() != b.get_color()
     plt.close(figure)
 
 

@@ -85,6 +85,7 @@ def test_transformer_lens_protocol_cache_and_hook_shapes():
     D = 5 + 24
     shapes = {
         "hook_embed": (4, 9, D), "hook_pos_embed": (4, 9, D), "blocks.0.hook_resid_pre": (4, 9, D),
+        "blocks.0.attn.hook_q": (4, 1, 1, 1), "blocks.0.attn.hook_k": (4, 9, 1, 1),
         "blocks.0.attn.hook_v": (4, 9, 1, 5), "blocks.0.attn.hook_attn_scores": (4, 1, 1, 9),
         "blocks.0.attn.hook_pattern": (4, 1, 1, 9), "blocks.0.attn.hook_z": (4, 1, 1, 5),
         "blocks.0.hook_attn_out": (4, 1, D), "blocks.0.hook_resid_post": (4, 1, D),
@@ -97,6 +98,14 @@ def test_transformer_lens_protocol_cache_and_hook_shapes():
     # run_with_hooks can intervene: zeroing V's output zeroes f.
     out = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: z * 0)])
     assert torch.equal(out, torch.zeros_like(out))
+    # Backward hooks (attribution patching) fire at every hook point, the fixed embeddings included.
+    for name in shapes:
+        grads = {}
+        out = model.run_with_hooks(tokens, bwd_hooks=[(name, lambda g, hook: grads.update({hook.name: g}))],
+                                   reset_hooks_end=False)
+        out[:, 0, 0].sum().backward()
+        model.reset_hooks()
+        assert tuple(grads[name].shape) == shapes[name], name
 
 
 def test_weights_in_transformer_lens_form():
@@ -122,6 +131,12 @@ def test_prediction_breaks_ties_towards_the_smallest_label():
     scores = torch.tensor([[1.0, 3.0, 3.0 + 1e-15, 0.0], [0.0, 0.0, 0.0, 0.0], [2.0, 1.0, 5.0, 5.5]],
                           dtype=torch.float64)
     assert predict(scores).tolist() == [1, 0, 3]
+    # Ties are what round-off makes (64 machine epsilons of the row's scale), no more.
+    assert predict(torch.tensor([[1.0, 1.0 + 1e-9]], dtype=torch.float64)).tolist() == [1]
+    assert predict(torch.tensor([[1e8, 1e8 * (1 + 1e-14)]], dtype=torch.float64)).tolist() == [0]
+    assert predict(torch.tensor([[1.0, 1.0 + 2**-16]], dtype=torch.float32)).tolist() == [1]
+    assert predict(torch.tensor([[1.0, 1.0 + 2**-20]], dtype=torch.float32)).tolist() == [0]  # 8 ulps in float32
+    assert predict(torch.tensor([[1.0, 1.0 + 2**-20]], dtype=torch.float64)).tolist() == [1]
 
 
 def test_autograd_gradients_equal_the_closed_form():
@@ -199,3 +214,12 @@ def test_transformer_lens_patching_runs_unchanged(trained_paper_models):
     assert z.item() == pytest.approx(clean_value.item(), rel=1e-6)  # z is the whole output
     # The pattern carries no walk-specific information: patching it leaves the corrupted output.
     assert pattern.item() == pytest.approx(corrupt_value.item(), rel=1e-2, abs=1e-3)
+    # The key-query circuit in TransformerLens's terms: the query is the same for every walk (patching it
+    # changes nothing), and the keys are almost all positional (patching them barely does).
+    q = tl_patching.get_act_patch_attn_head_q_all_pos(model, corrupted.tokens, clean_cache, metric)
+    k = tl_patching.get_act_patch_attn_head_k_by_pos(model, corrupted.tokens, clean_cache, metric)
+    assert q.item() == pytest.approx(corrupt_value.item(), rel=1e-6)  # (patching stores float32)
+    assert k.shape == (1, task.seq_len, 1)
+    assert torch.allclose(k, corrupt_value.to(k.dtype), rtol=1e-2, atol=1e-3)
+    every = tl_patching.get_act_patch_attn_head_all_pos_every(model, corrupted.tokens, clean_cache, metric)
+    assert every.shape == (5, 1, 1) and every[0].item() == pytest.approx(z.item())  # output, q, k, v, pattern

@@ -77,3 +77,35 @@ def test_bad_input_is_one_line_and_exit_2(runs, capsys, args, message):
     assert main([a.format(root=runs) for a in args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rwinterp: error:") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    (lambda c: c.update(model=[1]), "'model' must be a JSON object"),
+    (lambda c: c.update(train=None), "'train' must be a JSON object"),
+    (lambda c: c["model"].update(n_states="5"), "model config field n_states must be a JSON int, got '5'"),
+    (lambda c: c["model"].update(seed=-3), "seed must be an integer in [0, 2^63 - 1], got -3"),
+    (lambda c: c["model"].update(dtype="float32"), "is torch.float64, the config says torch.float32"),
+    ("nan", "non-finite weights in"),
+])
+def test_a_corrupted_run_is_refused_in_one_line(runs, tmp_path, capsys, corrupt, message):
+    """Hand-edited or damaged runs: wrong JSON types, seeds out of range, weights of another dtype or with
+    NaN in them give a one-line error, never a traceback or plausible-looking scores."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "run"
+    shutil.copytree(runs / "a", run)
+    if corrupt == "nan":
+        state = load_file(str(run / "model.safetensors"))
+        state["blocks.0.attn.V"][0, 0] = float("nan")
+        save_file(state, str(run / "model.safetensors"))
+    else:
+        config = json.loads((run / "config.json").read_text())
+        corrupt(config)
+        (run / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main(["probe", str(run), "--out", str(tmp_path / "r"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rwinterp: error:") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "r").exists()

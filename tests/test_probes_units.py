@@ -101,7 +101,8 @@ def test_patching_identities_of_a_model_linear_in_its_tokens(positional_model):
     assert s["necessity"] == pytest.approx(s["parent_effect"], abs=1e-10)
     assert s["sufficiency"] == pytest.approx(s["parent_effect"], abs=1e-10)
     assert result.embeddings_by_substitution
-    assert 0 < s["localization"] < 1
+    parent = task.parent_positions()[0]
+    assert s["localization"] == pytest.approx(float(profile[parent].abs() / profile.abs().sum()), rel=1e-12)
 
 
 def test_a_set_of_parents_is_found_together():
@@ -209,7 +210,9 @@ def test_ratio_of_batch_means_and_bootstrap_weights():
     probs = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
     assert torch.equal(point_weights(probs, 3)[0], probs)
     spread = Spread.of([1.0, 2.0, 3.0, float("nan")])
-    assert (spread.mean, spread.std) == (2.0, 1.0) and spread.ci_low <= 2.0 <= spread.ci_high
+    # NaN left out; of three values a resample is all 1s (or all 3s) with chance 1/27 > 2.5%, so the 95%
+    # percentile interval of the mean is exactly [1, 3].
+    assert (spread.mean, spread.std, spread.ci_low, spread.ci_high) == (2.0, 1.0, 1.0, 3.0)
 
 
 def test_evaluating_restores_every_submodule_mode():
@@ -219,3 +222,91 @@ def test_evaluating_restores_every_submodule_mode():
     with evaluating(model):
         assert not any(m.training for m in model.modules())
     assert model.training and model[0].training and not model[1].training
+
+
+def test_a_query_slot_models_direct_path_is_the_query_tokens_own():
+    """With a residual stream, the query slot's logits get the query token's W_E W_U directly, never the
+    parent's: the direct part is that one row for every parent state, and the total adds it to the OV
+    circuit (and biases)."""
+    task = CircleWalk(K, 0.7, N)
+    cfg = DeepConfig(n_states=K, n_ctx=N, pos_mode="added", d_model=8, pos_embedding="learned",
+                     token_embedding="learned", key_query="factored", values="all", readout="learned",
+                     residual=True, attention="query", init="standard", dtype="float64")
+    model = DeepTransformer(cfg)
+    result = transition_probe(model, task, task.sample(50, 0), CFG)
+    query_row = model.W_E.detach()[K] @ model.W_U.detach()[:, :K]
+    assert torch.allclose(result.direct.matrix, query_row.expand(K, K), atol=1e-14)
+    own = model.W_E.detach()[:K] @ model.W_U.detach()[:, :K]
+    assert (own - query_row).abs().max() > 0.1  # the parent's own direct path, which the slot never reads
+    rest = result.total.matrix - result.ov.matrix - query_row
+    assert torch.allclose(rest, rest[:1].expand(K, K), atol=1e-14)  # what is left is the same bias row
+
+
+def test_attribution_shares_leave_out_the_walks_where_they_are_undefined():
+    """A walk whose attribution is 0 at every position (here a ReLU dead on it) has no share; the mean
+    is over the others rather than NaN. A population is attributed whole, not its first walks."""
+    task = CircleWalk(6, 0.5, 12)
+    model = paper_model(task, pos_dim=30, init="gaussian", normalize_tokens=True, mlp_width=7)
+    result = attention_probe(model, task, task.sample(200, 5), ProbeConfig(progress=False, bootstrap=0))
+    share = result.gradient_share[:, 0]
+    assert 0 < int(share.isnan().sum()) < len(share)
+    assert result.scores()["gradient_parent_share"] == pytest.approx(float(share[~share.isnan()].mean()), rel=1e-12)
+    population = CircleWalk(5, 0.7, 6).population()
+    model = paper_model(CircleWalk(5, 0.7, 6), pos_dim=16, init="gaussian", seed=3)
+    result = attention_probe(model, CircleWalk(5, 0.7, 6), population,
+                             ProbeConfig(bootstrap=0, progress=False, gradient_walks=10))
+    assert result.gradient_share.shape[0] == len(population) > 10
+
+
+def test_drawing_the_probe_figures_leaves_matplotlib_as_it_was(tmp_path):
+    """A library draws without touching the caller's backend or theme, on import or when drawing (in a
+    fresh process, where the import is the first)."""
+    import subprocess
+    import sys
+
+    script = f"""
+import matplotlib
+matplotlib.use("svg")
+before = dict(matplotlib.rcParams)
+from probes.plots import plot_bars
+plot_bars([("score", 0.5, (0.4, 0.6), 0.2, (0.1, 0.3))], ("trained", "random"), {str(tmp_path / "b.png")!r}, "t")
+assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
+assert dict(matplotlib.rcParams) == before, "rcParams changed"
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert (tmp_path / "b.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_attributions_under_uniform_attention_have_closed_forms():
+    """With u = 0 attention is 1/N everywhere and f_y = V[y] . (sum_j x_j) / N: gradient x input at token
+    j is V[y, x_j] / N, and attention x value norm is ||V[:, x_j]|| / N (the query slot writes 0)."""
+    task = CircleWalk(K, 0.7, N)
+    model = paper_model(task, pos_dim=M, init="gaussian", init_sigma=0.5, seed=4)
+    with torch.no_grad():
+        model.u.zero_()
+    data = task.sample(40, 2)
+    scores = attention_probe(model, task, data, ProbeConfig(progress=False, bootstrap=0, gradient_walks=40)).scores()
+    V, x, y = model.V.detach(), data.tokens[:, : N - 1], data.labels
+    parent = task.parent_positions()[0]
+    grad = V[y[:, None], x].abs()
+    assert scores["gradient_parent_share"] == pytest.approx(float((grad[:, parent] / grad.sum(1)).mean()), rel=1e-12)
+    norms = V.norm(dim=0)[x]
+    assert scores["value_weighted_parent_share"] == pytest.approx(float((norms[:, parent] / norms.sum(1)).mean()),
+                                                                  rel=1e-12)
+
+
+def test_attention_ties_and_weights():
+    """The arg-max rate splits a tie within round-off between the tied positions; parent attention is a
+    weighted mean when the walks carry probabilities (a population)."""
+    from probes.attention import _argmax_hits
+    from rwinterp.metrics import parent_attention
+
+    a = torch.tensor([[[0.1, 0.45, 0.45 * (1 + 2e-16), 0.0]]], dtype=torch.float64)
+    layout = SimpleNamespace(visible=torch.tensor([[True, True, True, False]]),
+                             parents=torch.tensor([[False, False, True, False]]))
+    assert _argmax_hits(a, layout).item() == 0.5
+    assert _argmax_hits(a * torch.tensor([1, 1, 1.01, 1]), layout).item() == 1.0
+    pattern = torch.tensor([[0.2, 0.8], [0.6, 0.4]], dtype=torch.float64)
+    assert parent_attention(pattern, [1], torch.tensor([0.25, 0.75])) == pytest.approx(0.5, rel=1e-15)
+    assert parent_attention(pattern, [1]) == pytest.approx(0.6, rel=1e-15)

@@ -15,6 +15,8 @@ from rwinterp.training import TrainConfig, train
 from tests.conftest import paper_model
 
 SMALL = ["--K", "5", "--N", "9", "--M", "16", "--steps", "3", "--n-train", "50", "--n-test", "50"]
+#: The same on the whole population (whose test set is the population: no --n-test).
+POPULATION = [*SMALL[:-2], "--population"]
 
 
 def test_save_and_load_give_identical_outputs(tmp_path):
@@ -30,11 +32,16 @@ def test_save_and_load_give_identical_outputs(tmp_path):
     assert run.history == result.history and run.task.to_dict() == task.to_dict()
     assert not run.model.training
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
+    # Converted after training (as TransformerLens's ``to`` does, cfg.dtype follows): it saves and loads as it is.
+    model.to(torch.float32)
+    assert model.cfg.dtype == torch.float32
+    save_run(tmp_path / "run32", model, task, cfg.to_dict(), result.history, {})
+    assert torch.equal(load_run(tmp_path / "run32").model(tokens), model(tokens))
 
 
 def test_cli_train_json_and_run_directory(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["train", *SMALL, "--p", "0.7", "--population", "--json", "--out", str(out)]) == 0
+    assert main(["train", *POPULATION, "--p", "0.7", "--json", "--out", str(out)]) == 0
     data = json.loads(capsys.readouterr().out)
     for key in ("test_accuracy", "bayes_accuracy", "parent_attention", "V", "history", "train_seconds"):
         assert key in data
@@ -50,7 +57,7 @@ def test_cli_train_json_and_run_directory(tmp_path, capsys):
 
     assert accuracy(run.model(pop.tokens)[:, 0].detach(), pop.labels, pop.weights) == data["test_accuracy"]
     # Same command, same numbers.
-    assert main(["train", *SMALL, "--p", "0.7", "--population", "--json"]) == 0
+    assert main(["train", *POPULATION, "--p", "0.7", "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["history"] == data["history"]
 
@@ -71,14 +78,49 @@ def test_cli_train_json_and_run_directory(tmp_path, capsys):
         (["--keys-only"], "--keys-only needs --normalize-tokens"),
         (["--normalize-tokens", "--token-norm", "0"], "token norm must be a positive number"),
         (["--act-fn", "linear"], "--act-fn needs --mlp-width"),
+        (["--seed", "-1"], "seed must be an integer in [0, 2^63 - 1], got -1"),
+        (["--seed", str(2**64)], "seed must be an integer in [0, 2^63 - 1]"),
+        (["--task", "lazy", "--start", "nan"], "--start values must be finite"),
+        (["--task", "regular", "--K", "6", "--graph-seed", "-1"], "the graph seed must be an integer"),
+        (["--sigma", "0.1"], "--sigma needs --init gaussian"),
+        (["--init", "gaussian", "--sigma", "inf"], "sigma must be a non-negative number, got inf"),
+        (["--weight-decay", "inf"], "weight decay must be a non-negative number"),
+        (["--batch-size", "10"], "a batch size needs --optimizer sgd or adamw"),
+        (["--pe", "learned"], "--pe learned needs --model deep"),
+        (["--n-test", "20", "--population"], "--n-test does not apply to --population"),
+        (["--out", ""], "--out must name a directory"),
+        (["--model", "deep", "--d-model", "16"], "--d-model applies to added positions"),
+        (["--init", "gaussian", "--sigma", "5"], "the loss -log(f_y + eps) is undefined at initialisation"),
+        (["--K", "100000000"], "not enough memory"),
+        (["--unknown"], "unrecognized arguments: --unknown (see rwinterp train --help)"),
     ],
 )
 def test_cli_bad_input_is_one_line(args, message, capsys):
-    argv = ["train", *SMALL, *args]
-    code = main(argv) if "x" not in args else pytest.raises(SystemExit, main, argv).value.code
+    argv = ["train", *(POPULATION[:-1] if "--population" in args else SMALL), *args]
+    parse_error = "x" in args or "--unknown" in args
+    code = pytest.raises(SystemExit, main, argv).value.code if parse_error else main(argv)
     err = capsys.readouterr().err
-    assert code == 2
+    assert code == (1 if "undefined" in message else 2)
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_bad_out_is_refused_before_the_work(tmp_path, capsys):
+    """Nothing is trained or probed, and nothing written, when --out could not take the result."""
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "keep").write_text("x")
+    assert main(["train", *SMALL, "--out", str(tmp_path / "other")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "is not a run directory" in captured.err
+    assert main(["train", *SMALL, "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    for command in (["probe", str(tmp_path / "run")], ["compare", str(tmp_path / "run"), str(tmp_path / "run")]):
+        assert main([*command, "--out", str(tmp_path / "other"), "--no-progress"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and "is not a report directory" in captured.err
+    assert main(["probe", str(tmp_path / "run"), "--out", str(tmp_path / "r"), "--walks", "51"]) == 2
+    assert "--walks 51, but" in capsys.readouterr().err and not (tmp_path / "r").exists()
+    assert main(["probe", str(tmp_path / "run"), "--out", str(tmp_path / "r"), "--seeds", "3"]) == 2
+    assert "--seeds needs --baseline random" in capsys.readouterr().err
 
 
 def test_cli_prints_a_huge_V_in_columns_of_fixed_width(capsys):
@@ -158,7 +200,7 @@ def test_cli_options_that_a_task_does_not_read_are_refused(args, message, capsys
 
 
 def test_cli_diverging_loss(capsys):
-    code = main(["train", *SMALL, "--lr", "1e200", "--loss", "squared", "--population"])
+    code = main(["train", *POPULATION, "--lr", "1e200", "--loss", "squared"])
     err = capsys.readouterr().err
     assert code == 1 and "at step 1" in err and err.count("\n") == 1
 

@@ -35,10 +35,26 @@ def test_sampling_is_seeded_and_walks_move_by_one():
     assert torch.equal(a.states[:, :-1], a.tokens[:, :-1]) and torch.equal(a.states[:, -1], a.labels)
     steps = (a.states[:, 1:] - a.states[:, :-1]) % 6
     assert set(steps.unique().tolist()) <= {1, 5}
-    # Share of +1 steps within 4 standard errors of p.
+    # Share of +1 steps within 4 standard errors of p, overall and for the first step from every start.
     n = steps.numel()
     share = (steps == 1).double().mean().item()
     assert abs(share - 0.7) < 4 * math.sqrt(0.7 * 0.3 / n)
+    big = task.sample(6000, 3)
+    for s in range(6):
+        first = (big.states[:, 1] - big.states[:, 0])[big.states[:, 0] == s] % 6
+        assert abs((first == 1).double().mean().item() - 0.7) < 4 * math.sqrt(0.7 * 0.3 / len(first)), s
+    # The start is uniform: each state's count within 4 standard errors of n / K.
+    counts = torch.bincount(big.states[:, 0], minlength=6).double()
+    assert ((counts - 1000).abs() < 4 * math.sqrt(6000 * (1 / 6) * (5 / 6))).all()
+
+
+def test_training_and_test_walks_are_drawn_independently():
+    from rwinterp.training import TrainConfig, data_seeds, make_data
+
+    train, test = data_seeds(0)
+    assert train != test
+    a, b = make_data(CircleWalk(6, 0.7, 20), TrainConfig(n_train=200, n_test=200))
+    assert not torch.equal(a.states, b.states)
 
 
 def test_population_enumerates_every_walk_with_its_probability():

@@ -7,16 +7,21 @@ import torch
 
 from rwinterp.metrics import accuracy
 from rwinterp.tasks import CircleWalk
-from rwinterp.training import TrainConfig, TrainingDiverged, train
+from rwinterp.training import GradientDescent, TrainConfig, TrainingDiverged, make_data, train
 from tests.conftest import paper_model
 
 
-def test_one_population_step_gives_the_closed_form_V():
-    """After one step from zero init: W = 0 and V = lr/(eps N K) sum_{i=1}^{N-1} (Pi^T)^{N-i}."""
-    K, N, lr, eps = 5, 9, 0.7, 0.1
+@pytest.mark.parametrize("eps", [0.1, 0.37])
+def test_one_population_step_gives_the_closed_form_V(eps):
+    """After one step from zero init: W = 0 and V = lr/(eps N K) sum_{i=1}^{N-1} (Pi^T)^{N-i}. The loss
+    before it is -log(0 + eps): every score is 0."""
+    K, N, lr = 5, 9, 0.7
     task = CircleWalk(K, 0.7, N)
     model = paper_model(task, pos_dim=16)
-    train(model, task, TrainConfig(lr=lr, eps=eps, steps=1, population=True), progress=False)
+    result = train(model, task, TrainConfig(lr=lr, eps=eps, steps=1, population=True), progress=False)
+    assert result.history[0]["loss"] == pytest.approx(-math.log(eps), rel=1e-15)
+    # Attention stays uniform over all N positions until W moves (it is 0 after step 1 as well).
+    assert result.history[1]["parent_attention"] == pytest.approx(1 / N, rel=1e-12)
     Pi_T = task.transition_matrix().T
     expected = sum(torch.linalg.matrix_power(Pi_T, N - i) for i in range(1, N)) * lr / (eps * N * K)
     assert torch.allclose(model.V.detach(), expected, atol=1e-13)
@@ -28,31 +33,50 @@ def test_one_population_step_gives_the_closed_form_V():
         assert V[:, i].argmax().item() == (i + 1) % K
 
 
-def test_gradient_descent_on_u_is_gradient_descent_on_W():
-    """Two explicit W-space GD steps, computed by hand, give the model's W."""
+@pytest.mark.parametrize("optimizer, weight_decay, model_options", [
+    ("gd", 0.0, {}),
+    ("gd", 0.3, {}),  # W_init, off the query direction, decays with W
+    ("gd", 0.3, {"normalize_tokens": True}),
+    ("adamw", 0.05, {"pos_embedding": "sine"}),  # ||q||_1 = 10.2 and ||q||^2 = 8: neither scale is 1
+])
+def test_training_u_trains_the_papers_W(optimizer, weight_decay, model_options):
+    """Explicit steps on the paper's full W (and V), with its own optimiser, move u = W q as the
+    model's training does: exactly for gradient descent, with and without weight decay (the whole W
+    then matches); up to Adam's eps for AdamW (only u = W q enters the forward pass there)."""
     task = CircleWalk(5, 0.7, 9)
-    model = paper_model(task, pos_dim=16, init="gaussian", init_sigma=0.05, seed=1)
-    ref = paper_model(task, pos_dim=16, init="gaussian", init_sigma=0.05, seed=1)
+    options = dict(pos_dim=16, init="gaussian", init_sigma=0.05, seed=1, **model_options)
+    model, ref = paper_model(task, **options), paper_model(task, **options)
+    lr = 0.5 if optimizer == "gd" else 0.01
+    q = ref.query_vector()
+    W0, u0 = ref.W.clone(), ref.u.detach().clone()
     W = ref.W.clone().requires_grad_(True)
     V = ref.V.detach().clone().requires_grad_(True)
-    cfg = TrainConfig(lr=0.5, eps=1.0, steps=2, population=True)
+    explicit = (GradientDescent if optimizer == "gd" else torch.optim.AdamW)([W, V], lr=lr, weight_decay=weight_decay)
     pop = task.population()
-    for _ in range(2):
+    for _ in range(4):
         with torch.no_grad():
             ref.attn.V.copy_(V)
-            ref.attn.u.copy_(W @ ref.query_vector())
+            ref.attn.u.copy_(W @ q)
         X = torch.nn.functional.one_hot(pop.tokens, 6)[..., :5].double()
         Xt = torch.cat([X, ref.W_pos[:, 5:].expand(len(pop), -1, -1)], -1)
-        S = torch.softmax(Xt @ (W @ ref.query_vector()), -1)
+        keys = Xt / Xt.norm(dim=-1, keepdim=True) if model.cfg.normalize_tokens else Xt
+        S = torch.softmax(keys @ (W @ q), -1)
         f = torch.einsum("bn,bnk->bk", S, X) @ V.T
         loss = -(pop.weights * torch.log(f.gather(1, pop.labels[:, None])[:, 0] + 1.0)).sum()
-        gW, gV = torch.autograd.grad(loss, [W, V])
-        with torch.no_grad():
-            W -= 0.5 * gW
-            V -= 0.5 * gV
-    train(model, task, cfg, progress=False)
-    assert torch.allclose(model.W, W.detach(), atol=1e-12)
-    assert torch.allclose(model.V.detach(), V.detach(), atol=1e-12)
+        explicit.zero_grad()
+        loss.backward()
+        explicit.step()
+    train(model, task, TrainConfig(lr=lr, eps=1.0, steps=4, population=True, optimizer=optimizer,
+                                   weight_decay=weight_decay), progress=False)
+    if optimizer == "gd":
+        assert torch.allclose(model.W, W.detach(), atol=1e-12)
+        assert torch.allclose(model.V.detach(), V.detach(), atol=1e-12)
+    else:
+        moved = (W.detach() @ q - u0).abs().max()
+        assert moved > 0.01
+        assert (model.u.detach() - W.detach() @ q).abs().max() < 1e-3 * moved
+        assert torch.allclose(model.V.detach(), V.detach(), atol=1e-6)
+    assert not torch.allclose(W.detach(), W0)
 
 
 @pytest.mark.parametrize("loss", ["log", "xent", "squared"])
@@ -87,8 +111,20 @@ def test_paper_setting_reaches_bayes_accuracy_and_attends_to_the_parent(trained_
     assert abs(final["test_accuracy"] - bayes) < 3 * se
     assert final["parent_attention"] > 0.99
     assert final["v_distance"] < 0.35
-    # The step-2 lock-on: by step 3 attention is on the parent.
-    assert result.history[3]["parent_attention"] > 0.9
+    # The step-2 lock-on: W is still 0 after step 1 (attention uniform, 1/N on every position), and the
+    # second step puts the attention on the parent up to exp(-Omega(N)) (Theorem 3.1, part 4).
+    assert [h["parent_attention"] for h in result.history[:2]] == pytest.approx([1 / 97, 1 / 97], rel=1e-12)
+    assert result.history[2]["parent_attention"] > 1 - 1e-6
+
+
+def test_the_loss_is_minus_log_of_the_raw_score_plus_eps():
+    """Not softmax cross-entropy: the raw score of the label, and negative once it exceeds 1 - eps."""
+    from rwinterp.losses import per_sample_loss
+
+    scores = torch.tensor([[2.0, 0.0, -0.05], [0.3, 0.1, 0.0]], dtype=torch.float64)
+    loss = per_sample_loss("log", scores, torch.tensor([0, 2]), 0.1)
+    assert loss.tolist() == pytest.approx([-math.log(2.1), -math.log(0.1)], rel=1e-15)
+    assert loss[0] < 0
 
 
 def test_training_is_reproducible():
@@ -106,6 +142,7 @@ def test_a_diverging_loss_stops_and_keeps_the_last_good_state():
     with pytest.raises(TrainingDiverged, match="at step 1; the model keeps the state after step 0"):
         train(model, task, TrainConfig(lr=1e200, loss="squared", steps=3, population=True), progress=False)
     assert torch.count_nonzero(model.V) == 0  # the state after step 0 is the zero initialisation
+    assert not model.training  # left in evaluation mode, as after training (transformer_lens.patching needs it)
 
 
 @pytest.mark.parametrize("optimizer, extra", [("sgd", {"batch_size": 64}), ("adamw", {"lr": 0.05})])
@@ -124,6 +161,14 @@ def test_deterministic_walk_keeps_exact_symmetry_with_sampled_walks(K, dtype):
     orthogonal embeddings keep attention uniform and every row of V constant, bit for bit."""
     N = 4 * K + 1
     task = CircleWalk(K, 1.0, N)
+    # After one step from zero init (f = 0, so -dl/df_y = 1/eps; uniform attention 1/N on the N - 1 = 4K
+    # tokens, each state 4 times): V = lr/(eps N n) count_y 4 1^T, count_y the training walks labelled y.
+    model = paper_model(task, pos_dim=64, dtype=dtype)
+    config = TrainConfig(steps=1, n_train=300, n_test=300)
+    train(model, task, config, progress=False)
+    counts = torch.bincount(make_data(task, config)[0].labels, minlength=K).to(torch.float64)
+    expected = (counts * 4 / (0.1 * N * 300))[:, None].expand(K, K)
+    assert torch.allclose(model.V.detach().double(), expected, rtol=1e-5 if dtype == "float32" else 1e-14)
     model = paper_model(task, pos_dim=64, dtype=dtype)
     result = train(model, task, TrainConfig(steps=30, n_train=300, n_test=300), progress=False)
     V = model.V.detach()

@@ -128,7 +128,7 @@ def qa_figure(fig_id: str, title: str, model: dict, train: dict, claims_note: st
             series[desc] = History(f"{prefix}{name}", "test_accuracy")
         panels += [
             Panel("line", f"({'ac'[i]}) task {name[-1]}: test accuracy", series=series, xlabel="step",
-                  ylabel="accuracy", ylim=(-0.02, 1.05), ref={"chance 1/2": 0.5}),
+                  ylabel="accuracy", ylim=(-0.02, 1.05), ref={"chance 1/2": 0.5}, options={"dashes": True}),
             Panel("bar", f"({'bd'[i]}) task {name[-1]}: mean attention by word", data=Final(name, "attention"),
                   xlabel="", ylabel="attention", options={"xticklabels": word_labels(cls), "rotation": 90}),
         ]
@@ -147,10 +147,11 @@ def qa_figure(fig_id: str, title: str, model: dict, train: dict, claims_note: st
     cols = min(len(panels), 4)
     return FigureSpec(
         id=fig_id, title=title,
-        caption=("Task 1 (which fruit is the majority of five) is learned to 100%: its answer is decided by the "
-                 "bag of words. Task 2 (I prefer an A to an B) stays at 50%: both of its sentences have the same "
-                 "bag of words, so a model that averages tokens cannot tell them apart, like the deterministic "
-                 "walk. Bars: mean attention of the query slot on each word (FRUIT = a fruit slot)."
+        caption=("The paper: task 1 (which fruit is the majority of five) is learned to 100%, its answer being "
+                 "decided by the bag of words; task 2 (I prefer an A to an B) stays at 50%: both of its sentences "
+                 "have the same bag of words, so a model that averages tokens cannot tell them apart, like the "
+                 "deterministic walk. Bars: mean attention of the query slot on each word under the paper's "
+                 "setting (FRUIT = a fruit slot, ? = the query slot itself)."
                  + (" " + caption_note if caption_note else "")),
         runs=runs, panels=panels, claims=claims, layout=(-(-len(panels) // cols), cols), reduced=REDUCED,
         panel_size=(4.2, 3.4),

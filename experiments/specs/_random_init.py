@@ -582,27 +582,31 @@ def reading_series(p: float, source: Callable[[str], Any]) -> dict[str, Any]:
 
 
 def snapshot_panels(reading: Reading, p: float, letter: str, what: str) -> list[Panel]:
-    """Four panels of one quantity at the paper's steps: V heatmaps, or averaged-token bars."""
+    """Four panels of one quantity at the paper's steps: V heatmaps (colour scale from 0, so that V
+    proportional to all-ones looks uniform), or averaged-token bars on one y scale for every reading
+    (so that a variance of 1e-11 does not look as large as one of 0.03)."""
     run = run_name(reading, p)
     panels = []
     for i, step in enumerate(SHOWN):
         title = f"({letter}{i + 1}) {reading.name}: "
         if what == "V":
-            panels.append(Panel("heatmap", title + "V", data=_at(run, "V", step),
-                                xlabel="token (column)", ylabel="output row", options={"annot": True, "fmt": ".2g"}))
+            panels.append(Panel("heatmap", title + "V", data=_at(run, "V", step), xlabel="token (column)",
+                                ylabel="output row", options={"annot": True, "fmt": ".2g", "zero": True}))
         else:
             name = {"example": "averaged token, walk 1", "var": "variance over walks"}[what]
             panels.append(Panel("bar", title + name,
                                 data=_at(run, "averaged_token", step, part=what),
-                                xlabel="state", ylabel=name))
+                                xlabel="state", ylabel=name, options={"share": f"{p_tag(p)} {what}"}))
     return panels
 
 
-def attention_panel(reading: Reading, p: float) -> Panel:
-    """Mean attention of the query slot on every position after training (the parent is N-1)."""
+def attention_panel(reading: Reading, p: float, letter: str) -> Panel:
+    """Mean attention of the query slot on every position after training (the parent is N-1), on a log
+    axis: uniform attention (1/N each) shows as a flat band, one position's lock as a single bar."""
     run = run_name(reading, p)
-    return Panel("bar", f"{reading.name}: mean attention by position", data=Final(run, "attention"),
-                 xlabel=f"position 1..{N} (parent N-1 = {N - 1})", ylabel="mean attention", ylim=(0, 1.05))
+    return Panel("bar", f"({letter}) {reading.name}: mean attention by position (log)", data=Final(run, "attention"),
+                 xlabel=f"position 1..{N} (parent N-1 = {N - 1})", ylabel="mean attention", logy=True,
+                 ylim=(1e-4, 1.5), ref={"uniform 1/N": 1 / N})
 
 
 def _at(run: str, key: str, step: int, part: str = "") -> Computed:

@@ -65,11 +65,12 @@ def claims() -> list[Claim]:
 SPEC = FigureSpec(
     id="2",
     title="transition matrices of the walk on a circle (K = 6)",
-    caption=("Row = current node, column = next node. Each row puts p on the next node clockwise and 1-p on the "
-             "previous one; for p = 1 the walk is deterministic. Every Pi is circulant, so the uniform start "
-             "is stationary."),
+    caption=("Row = current node, column = next node; one colour scale, 0 to 1. Each row puts p on the next node "
+             "clockwise and 1-p on the previous one; for p = 1 the walk is deterministic. Every Pi is circulant, so "
+             "the uniform start is stationary."),
     panels=[Panel("heatmap", f"({'abc'[i]}) p = {p}", data=Computed(lambda r, p=p: pi(p)),
-                  xlabel="next state", ylabel="current state", options={"cmap": "Blues", "fmt": ".1f"})
+                  xlabel="next state", ylabel="current state",
+                  options={"cmap": "Blues", "fmt": ".1f", "range": (0.0, 1.0)})
             for i, p in enumerate(PS)],
     claims=claims(),
 )

@@ -34,33 +34,36 @@ def _v_part(what: str, part: Callable[[np.ndarray, np.ndarray], np.ndarray]):
 
 #: The readings that learn p = 0.5 (their KL is explained by the claims of :func:`kl_why_claims`).
 LEARNING = ("summed", "summed_tuned")
+#: The sweeps' panels: one colour per swept value, light to dark as it grows (not the readings' colours).
+SWEPT = {"palette": "flare"}
 
 
 def _panel(letter: str, p: float, key: str, what: str, legend: bool = False, **kw) -> Panel:
     """A panel with one curve per reading; the readings' colours are the same in every panel, so only
-    the panel given ``legend`` names them."""
+    the panel given ``legend`` names them. Curves after the first are dashed: where two readings lie on
+    each other (as stated and summed_tuned at first) both still show."""
     return Panel("line", f"({letter}) p = {p:g}: {what}", series=_curves(p, key), xlabel="step",
-                 ylabel=what, options={"legend": legend}, **kw)
+                 ylabel=what, options={"legend": legend, "dashes": True}, **kw)
 
 
 SPEC = FigureSpec(
     id="6",
     title="small random initialisation: p = 0.5 against p = 1, four readings of the setting",
-    caption=("Each colour is one reading of the paper's under-specified setting (K 6, N 97, M 1000, "
-             "N(0, 0.01^2) init, unit-normalised x~, lr 0.01, 1000 steps), with the same colours in (a) to (g), "
-             "(m) and (n) (legend in a and n). The paper's curves: p = 0.5 reaches "
-             "0.5 accuracy near step 400 and its KL falls much faster than for p = 1, which stays below 100%. "
-             "As stated (mean loss) nothing moves in 1000 steps; summing the loss over the walks learns p = 0.5 "
-             "near step 400, but breaks the p = 1 symmetry earlier (about step 200) and reaches 100%; with sigma "
-             "tuned to 4e-6 (not the paper's; seed 0 only, see Fig 13) p = 1 breaks near step 960 and is still "
-             "below 100% at step 1000; (h) says which reading satisfies every claim. (i): under the mean loss, only "
-             "lr 10 (the summed loss at the stated lr 0.01) learns p = 0.5 after roughly 400 steps: the paper's "
-             "timing points to the summed loss. "
-             "(j, k): normalising x~ to a longer length r instead speeds up attention only: p = 1 reaches 100% and "
-             "p = 0.5 is not learned. (l): AdamW instead of gradient descent also takes p = 1 to 100%. (m, n): why the "
-             "KL of f+/sum f+ falls slowly for p = 0.5 even where p = 0.5 is learned: V = c 11^T + beta Pi^T, and the "
-             "all-ones part c, built while attention is still uniform, stays once attention is on the parent, while "
-             "beta grows like sqrt(t); f+/sum f+ halves the KL only once beta / c reaches sqrt(2K) (dashed)."),
+    caption=("Each colour is one reading of the paper's under-specified setting (K 6, N 97, M 1000, N(0, 0.01^2) "
+             "init, unit-normalised x~, lr 0.01, 1000 steps), with the same colours in (a) to (g), (m) and (n) "
+             "(legend in a and n; dashed curves may lie on solid ones), and light to dark for the swept values of (i) "
+             "to (l). The paper's curves: p = 0.5 reaches 0.5 accuracy near step 400 and its KL falls much faster "
+             "than for p = 1, which stays below 100%. As stated (mean loss) nothing moves in 1000 steps; summing the "
+             "loss over the walks learns p = 0.5 near step 400, but breaks the p = 1 symmetry earlier (about step "
+             "200) and reaches 100%; with sigma tuned to 4e-6 (not the paper's; seed 0 only, see Fig 13) p = 1 breaks "
+             "near step 960 and is still below 100% at step 1000; (h) counts the claims each reading satisfies: none "
+             "satisfies all. (i): under the mean loss, only lr 10 (the summed loss at the stated lr 0.01) learns p = "
+             "0.5 after roughly 400 steps: the paper's timing points to the summed loss. (j, k): normalising x~ to a "
+             "longer length r instead speeds up attention only: p = 1 reaches 100% and p = 0.5 is not learned. (l): "
+             "AdamW instead of gradient descent also takes p = 1 to 100%. (m, n): why the KL of f+/sum f+ falls "
+             "slowly for p = 0.5 even where p = 0.5 is learned: V = c 11^T + beta Pi^T, and the all-ones part c, "
+             "built while attention is still uniform, stays once attention is on the parent, while beta grows like "
+             "sqrt(t); f+/sum f+ halves the KL only once beta / c reaches sqrt(2K) (dashed)."),
     runs=runs() + [run for sweep in SWEEPS for run in sweep.runs()],
     panels=[
         _panel("a", 0.5, "test_accuracy", "test accuracy", ref={"Bayes 0.5": 0.5, "1/K": 1 / K}, ylim=(0, 1.05),
@@ -74,15 +77,15 @@ SPEC = FigureSpec(
         Panel("text", "(h) which reading reproduces Fig 6",
               data=Computed(lambda r: verdict(r, fig6_claims), "verdict per reading")),
         Panel("line", "(i) p = 0.5, mean loss: test accuracy by learning rate", series=LR_SWEEP.series(0.5),
-              xlabel="step", ylabel="test accuracy", ref={"Bayes 0.5": 0.5}, ylim=(0, 1.05)),
+              xlabel="step", ylabel="test accuracy", ref={"Bayes 0.5": 0.5}, ylim=(0, 1.05), options=SWEPT),
         Panel("line", "(j) p = 0.5, mean loss: test accuracy by length r of x~ (r^2)",
               series=NORM_SWEEP.series(0.5), xlabel="step", ylabel="test accuracy", ref={"Bayes 0.5": 0.5},
-              ylim=(0, 1.05)),
+              ylim=(0, 1.05), options=SWEPT),
         Panel("line", "(k) p = 1, mean loss: test accuracy by length r of x~ (r^2)",
               series=NORM_SWEEP.series(1.0), xlabel="step", ylabel="test accuracy", ref={"1/K": 1 / K},
-              ylim=(0, 1.05)),
+              ylim=(0, 1.05), options=SWEPT),
         Panel("line", "(l) p = 1, AdamW (mean loss): accuracy by lr", series=ADAM_SWEEP.series(1.0),
-              xlabel="step", ylabel="test accuracy", ref={"1/K": 1 / K}, ylim=(0, 1.05)),
+              xlabel="step", ylabel="test accuracy", ref={"1/K": 1 / K}, ylim=(0, 1.05), options=SWEPT),
         Panel("line", "(m) p = 0.5: all-ones part c of V = c 11^T + beta Pi^T",
               series=reading_series(0.5, _v_part("c", lambda c, beta: c)),
               xlabel="step", ylabel="c", options={"legend": False}),

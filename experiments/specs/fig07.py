@@ -20,5 +20,5 @@ SPEC = qa_figure(
                         note="measured: how many seeds end at 100% test accuracy (initialisation and sentences "
                              "drawn from each seed); panel (e)")],
     extra_panels=[seed_panel("(e) task 1: test accuracy by seed")],
-    caption_note="(e): task 1 is learned for every seed.",
+    caption_note="Both hold here; (e): task 1 is learned for every seed.",
 )

@@ -16,15 +16,16 @@ CEILING = Claim(
 SPEC = FigureSpec(
     id="11",
     title="random initialisation, p = 0.5: V and attention, one row per reading",
-    caption=("Each row is one reading of the setting. Where the walk is learned, V gains the pattern of Pi^T "
-             "(the +1 and -1 neighbours of every column) on top of a large all-ones part, and the query slot puts "
-             "almost all of its attention on the parent position N-1 (last panel of each row). As stated (mean "
-             "loss) V stays near all-ones and attention uniform; with only the keys normalised, attention locks "
-             "onto a position at odd distance from the label and V takes a checkerboard (odd-offset) pattern."),
+    caption=("Each row is one reading of the setting. Where the walk is learned, V gains the pattern of Pi^T (the +1 "
+             "and -1 neighbours of every column) on top of a large all-ones part, and the query slot puts almost all "
+             "of its attention on the parent position N-1 (last panel of each row, on a log axis; dashed: uniform "
+             "attention 1/N). V's colour scale starts at 0, so an all-ones V looks uniform. As stated (mean loss) V "
+             "stays near all-ones and attention uniform; with only the keys normalised, attention locks onto a "
+             "position at odd distance from the label and V takes a checkerboard (odd-offset) pattern."),
     runs=runs((0.5,)),
-    panels=[panel for reading in READINGS
-            for panel in snapshot_panels(reading, 0.5, chr(97 + READINGS.index(reading)), "V")
-            + [attention_panel(reading, 0.5)]]
+    panels=[panel for i, reading in enumerate(READINGS)
+            for panel in snapshot_panels(reading, 0.5, chr(97 + i), "V")
+            + [attention_panel(reading, 0.5, chr(97 + i) + "5")]]
     + [Panel("text", "which reading reproduces Fig 11", data=Computed(lambda r: verdict(r, fig11_claims)))],
     claims=[c for reading in READINGS for c in fig11_claims(reading)] + [CEILING],
     layout=(len(READINGS) + 1, 5),

@@ -28,14 +28,34 @@ def _count(names) -> Computed:
                     "how many of the runs look at step 1000 as the paper's p = 1 does")
 
 
+#: The paper's claims checked on seeds 1 and 2 as well, for the two readings that train them.
+SEED_CLAIMS = [
+    fig13_seed_claim(SUMMED),
+    fig13_seed_claim(TUNED),
+    Claim(f"[summed_tuned] at step 1000 p = 1 looks as the paper shows for every seed {', '.join(map(str, SEEDS))}: "
+          + AT_1000,
+          _count(lambda r: seed_run_names(TUNED)), at_least(len(SEEDS)),
+          note="measured: how many seeds do; the seed sets the initialisation and the walks, and so when the "
+               "symmetry breaks (panel e)"),
+]
+
+
+def _reading_claims(reading) -> list[Claim]:
+    """Every claim of the paper checked on one reading: seed 0's, and for the readings trained with more seeds,
+    those seeds' too."""
+    return fig13_claims(reading) + [c for c in SEED_CLAIMS if c.claim.startswith(f"[{reading.name}]")]
+
+
 SPEC = FigureSpec(
     id="13",
     title="random initialisation, p = 1: the averaged token X softmax(...) of one walk and its variance over walks",
     caption=("Per reading, two rows: the attention-averaged token of the first test walk, and its per-coordinate "
              "variance over the 1000 test walks, at steps 100, 400, 700, 1000. The paper: the variance stays near 0 "
-             "up to about step 700 (every walk averages to the same token), then one token receives much more "
-             "weight. (e): the largest variance by step for every reading, and for the summed and tuned readings "
-             f"with two more seeds (dashed: the {BROKEN_VARIANCE} threshold taken as 'symmetry broken'). (f, g): "
+             "up to about step 700 (every walk averages to the same token), then one token receives much more weight. "
+             "All rows of one quantity share one y scale. (e): the largest variance by step for every reading, and "
+             "for the summed and tuned readings with two more seeds (dashed and dotted, in the reading's colour; "
+             f"grey dashed: the {BROKEN_VARIANCE} threshold taken as 'symmetry broken'); the text panel counts "
+             "every claim a reading is checked on, seeds 1 and 2 included. (f, g): "
              "under the summed loss a smaller initialisation delays the break, and 100% follows it within tens of "
              "steps (see the claims), so p = 1 is broken but below 100% at step 1000 only for a sigma that puts the "
              "break just before it: 4e-6 for seed 0, the summed_tuned reading. With seeds 1 and 2 the same sigma "
@@ -51,13 +71,20 @@ SPEC = FigureSpec(
                         for reading in (SUMMED, TUNED) for s in SEEDS[1:]}},
              ref={"threshold": BROKEN_VARIANCE}, logy=True,
              xlabel="step", ylabel="variance over walks (log)",
-             options={"legend_loc": "lower left", "legend_anchor": (1.1, 0.0), "legend_columns": 2}),
-       Panel("text", "which reading reproduces Fig 13", data=Computed(lambda r: verdict(r, fig13_claims))),
+             options={"legend_loc": "lower left", "legend_anchor": (1.1, 0.0), "legend_columns": 2,
+                      # a seed's curve in its reading's colour, dashed for seed 1 and dotted for seed 2
+                      "colours": {f"{reading.name}, seed {s}": READINGS.index(reading)
+                                  for reading in (SUMMED, TUNED) for s in SEEDS[1:]},
+                      "styles": {f"{reading.name}, seed {s}": style
+                                 for reading in (SUMMED, TUNED) for s, style in zip(SEEDS[1:], ("--", ":"))}}),
+       Panel("text", "which reading reproduces Fig 13",
+             data=Computed(lambda r: verdict(r, _reading_claims))),
        Panel("line", "(f) summed loss: accuracy by sigma",
              series={label.removeprefix("sigma ").replace("summed_tuned", "tuned"): s
                      for label, s in SIGMA_SWEEP.series(1.0).items()},
              xlabel="step", ylabel="test accuracy", ref={"1/K": 1 / 6}, ylim=(0, 1.8),
-             options={"legend_loc": "upper center", "legend_columns": 2, "yticks": [0, 0.25, 0.5, 0.75, 1.0]}),
+             options={"legend_loc": "upper center", "legend_columns": 2, "yticks": [0, 0.25, 0.5, 0.75, 1.0],
+                      "palette": "flare"}),
        Panel("line", "(g) summed loss: break, 100% by sigma",
              series={f"break (variance > {BROKEN_VARIANCE})":
                      Computed(lambda r: sigma_timeline(r, breaking_step), "breaking step by sigma"),
@@ -67,9 +94,7 @@ SPEC = FigureSpec(
              ref={"700 (the paper)": 700, "1000 (last step)": 1000}, ylim=(0, 1600),
              options={"style": "o-", "legend_loc": "upper center", "legend_columns": 2,
                       "yticks": [0, 250, 500, 750, 1000]})],
-    claims=[c for reading in READINGS for c in fig13_claims(reading)] + [
-        fig13_seed_claim(SUMMED),
-        fig13_seed_claim(TUNED),
+    claims=[c for reading in READINGS for c in fig13_claims(reading)] + SEED_CLAIMS + [
         Claim(f"[sigma sweep, summed loss, seed 0] for some sigma of {SIGMAS}, p = 1 at step 1000 looks as Figs 6 c, "
               f"12 and 13 show: {AT_1000}",
               _count(lambda r: SIGMA_SWEEP.runs_by_value(1.0).values()), at_least(1),
@@ -81,11 +106,6 @@ SPEC = FigureSpec(
               note="measured: the most steps from the break (variance > 0.01) to 100% test accuracy over the sigmas "
                    "that reach both within 1000 steps. With a gap of g steps only a break in the last g steps "
                    "before step 1000 leaves p = 1 broken but below 100% there, which is why only a tuned sigma fits"),
-        Claim("[summed_tuned] at step 1000 p = 1 looks as the paper shows for every seed "
-              f"{', '.join(map(str, SEEDS))}: {AT_1000}",
-              _count(lambda r: seed_run_names(TUNED)), at_least(len(SEEDS)),
-              note="measured: how many seeds do; the seed sets the initialisation and the walks, and so when the "
-                   "symmetry breaks (panel e)"),
     ],
     layout=(2 * len(READINGS) + 1, 4),
     panel_size=(3.2, 2.4),

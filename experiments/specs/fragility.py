@@ -89,9 +89,12 @@ def draw_spread(K: int):
     def draw(ax, results: Results) -> None:
         import seaborn as sns
 
-        for colour, (pe, dt) in zip(sns.color_palette("colorblind"), VARIANTS):
+        palette = sns.color_palette("colorblind")
+        for colour, (pe, dt) in zip((palette[0], palette[4], palette[2], palette[1]), VARIANTS):
             steps, spread = results[name(K, pe, dt)].series("v_column_spread")
-            ax.plot(steps, np.where(spread > 0, spread, np.nan), ".-", ms=3, color=colour, label=f"{pe} {dt}")
+            # A spread of exactly 0 (the symmetry kept) has no place on a log axis: the legend says so.
+            label = f"{pe} {dt}" + (": 0 at every step" if not np.any(spread > 0) else "")
+            ax.plot(steps, np.where(spread > 0, spread, np.nan), ".-", ms=3, color=colour, label=label)
         ax.set_yscale("log")
         ax.legend(fontsize=6)
 
@@ -141,7 +144,7 @@ SPEC = FigureSpec(
         Panel("bar", "(d) K = 6 sine float64: attention", data=Snapshot(EXAMPLE, "attention", STEPS),
               xlabel="position", ylabel="mean attention"),
         Panel("heatmap", "(e) K = 6 sine float64: V", data=Snapshot(EXAMPLE, "V", STEPS), xlabel="token",
-              ylabel="output"),
+              ylabel="output", options={"zero": True}),
     ],
     claims=CLAIMS,
     layout=(1, 5),

@@ -43,9 +43,9 @@ def margin(results: Results, n: int, seed: int) -> float:
     return float((parent - other) / abs(parent))
 
 
-def grouped(key, legend: bool = False):
+def grouped(key, legend: bool = False, ref: dict[str, float] | None = None):
     """Bars of ``key(results, n_train, seed)`` per data seed, one colour per training-set size (with a
-    legend if ``legend``: one panel carries it, where it covers no bar)."""
+    legend if ``legend``: one panel carries it, where it covers no bar), and dashed lines at ``ref``."""
     def draw(ax, results: Results) -> None:
         import seaborn as sns
 
@@ -57,8 +57,11 @@ def grouped(key, legend: bool = False):
         ax.set_xticks(x)
         ax.set_xticklabels([str(s) for s in SEEDS])
         ax.axhline(0, color="0.3", lw=0.8)
+        lines = [ax.axhline(value, ls="--", color="0.35", lw=1, label=label) for label, value in (ref or {}).items()]
         if legend:
             ax.legend(fontsize=7)
+        elif lines:
+            ax.legend(handles=lines, fontsize=7, loc="upper center")
 
     return draw
 
@@ -82,20 +85,20 @@ CLAIMS = [
 SPEC = FigureSpec(
     id="lockin",
     title="K = 20, p = 0.7: lock-in on a wrong position with 1000, 30000 and 100000 training walks",
-    caption=("(a) Final attention on the parent for each data seed (colour: training walks, legend in b): near 0 "
-             "means the attention locked onto another "
-             "position in the first steps. (b) Relative lead of the parent's positional attention "
-             "logit over position N-3 after step 2: tiny and of either sign, so the sample decides. (c) Test "
-             "accuracy: a locked model is stuck well below max(p, 1-p) = 0.7."),
+    caption=("(a) Final attention on the parent for each data seed (colour: training walks, legend in b): near 0 (no "
+             "bar) means the attention locked onto another position in the first steps. (b) Relative lead of the "
+             "parent's positional attention logit over position N-3 after step 2: tiny and of either sign, so the "
+             "sample decides. (c) Test accuracy: a locked model is stuck well below max(p, 1-p) = 0.7 (dashed)."),
     runs=RUNS,
     panels=[
         Panel("custom", "(a) final parent attention",
               draw=grouped(lambda r, n, s: r[name(n, s)].final["parent_attention"]),
               xlabel="data seed", ylabel="attention on N-1"),
         Panel("custom", "(b) step-2 logit lead of N-1 over N-3", draw=grouped(margin, legend=True), xlabel="data seed",
-              ylabel="(l_{N-1} - l_{N-3}) / |l_{N-1}|"),
-        Panel("custom", "(c) test accuracy", draw=grouped(lambda r, n, s: r[name(n, s)].final["test_accuracy"]),
-              xlabel="data seed", ylabel="accuracy", ref={}),
+              ylabel="(logit N-1 - logit N-3) / |logit N-1|"),
+        Panel("custom", "(c) test accuracy", draw=grouped(lambda r, n, s: r[name(n, s)].final["test_accuracy"],
+                                                          ref={"Bayes max(p, 1-p)": max(P, 1 - P)}),
+              xlabel="data seed", ylabel="accuracy", ylim=(0, 1.0)),
     ],
     claims=CLAIMS,
     layout=(1, 3),

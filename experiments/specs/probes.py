@@ -25,7 +25,8 @@ SCORES = ("accuracy", "parent_attention", "attention.uniformity", "patching.pare
 
 RUNS = [replace(fig04.SPEC.runs[0], name="walk_p05"), replace(fig05.SPEC.runs[0], name="walk_p1"),
         replace(next(r for r in fig07.SPEC.runs if r.name == "task1"), name="qa_task1")]
-LABELS = {"walk_p05": "walk p = 1/2 (Fig 4)", "walk_p1": "walk p = 1 (Fig 5)", "qa_task1": "QA task 1 (Fig 7)"}
+LABELS = {"walk_p05": "(a) walk p = 1/2 (Fig 4)", "walk_p1": "(b) walk p = 1 (Fig 5)",
+          "qa_task1": "(c) QA task 1 (Fig 7)"}
 
 
 def comparison(results: Results, run: str) -> Any:
@@ -98,9 +99,12 @@ CLAIMS = [
 SPEC = FigureSpec(
     id="probes",
     title="trained against random-initialised models, scored by the probes",
-    caption=("Each panel puts the probe scores of a trained model (blue) beside random-initialised models of the "
-             "same configuration (orange, mean and sd over 3 seeds) on the same test samples. The p = 1/2 model's "
-             "scores say 'attends to the parent and applies Pi^T'; the p = 1 model's say 'averages all tokens'."),
+    caption=("Each panel puts the probe scores of a trained model (blue) beside random-initialised models of the same "
+             "configuration (orange, mean and sd over 3 seeds) on the same test samples. The p = 1/2 model's scores "
+             "say 'attends to the parent and applies Pi^T' (a); the p = 1 model's say 'averages all tokens' (b). On "
+             "QA task 1 (c) the trained model answers every list and puts more attention on the fruit slots (its "
+             "parents) than random models; its patching scores are 1 for random models too, as clean and corrupted "
+             "sentences differ only at the fruit slots."),
     runs=RUNS,
     panels=[Panel("custom", LABELS[name], draw=draw(name), ylabel="score") for name in LABELS],
     claims=CLAIMS,

@@ -122,7 +122,7 @@ def summary(results: Results) -> str:
             for c in figure_claims(results, f, reading):
                 if not c.holds:
                     text = c.claim.removesuffix(" [the paper's setting]").removeprefix("[paper] ")
-                    text = text if len(text) <= 70 else text[:67] + "..."
+                    text = text if len(text) <= 110 else text[:107] + "..."
                     lines.append(f"  Fig {f} fails: {text} = {format_measured(c.measured)}")
     return "\n".join(lines)
 
@@ -130,14 +130,14 @@ def summary(results: Results) -> str:
 SPEC = FigureSpec(
     id="readings",
     title="one reading for the whole paper: each reading of the loss on every trained figure",
-    caption=("Each row reruns the stated setting of every figure that trains (4 to 13) with one change to the "
-             "loss, and each cell is the fraction of that figure's own claims that then hold (1: the figure "
-             "reproduces). The summed loss rescues Fig 11 but breaks figures that the stated loss reproduces; "
-             "cross-entropy at the stated learning rates rescues neither Fig 10 (it needs lr 1) nor Fig 11. No one "
-             "reading reproduces the whole paper."),
+    caption=("Each row reruns the stated setting of every figure that trains (4 to 13) with one change to the loss, "
+             "and each cell is the fraction of that figure's own claims of the paper (not its diagnostics or other "
+             "readings) that then hold (1: the figure reproduces). The summed loss rescues Fig 11 but breaks figures "
+             "that the stated loss reproduces; cross-entropy at the stated learning rates rescues neither Fig 10 (it "
+             "needs lr 1) nor Fig 11. No one reading reproduces the whole paper."),
     runs=RUNS,
     panels=[
-        Panel("heatmap", "(a) fraction of each figure's claims that hold", data=Computed(holding_fraction),
+        Panel("heatmap", "(a) fraction of each figure's paper claims that hold", data=Computed(holding_fraction),
               xlabel="figure", ylabel="reading",
               options={"xticklabels": list(FIGURES), "yticklabels": list(LOSS_READINGS), "cmap": "rocket",
                        "fmt": ".2f"}),

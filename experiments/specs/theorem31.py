@@ -170,21 +170,21 @@ for K, p in RATE:
 SPEC = FigureSpec(
     id="theorem31",
     title="Theorem 3.1 over p = 0.1..0.9 and K = 5, 6, 7",
-    caption=("(a) Accuracy sits on max(p, 1-p) for every p and K. (b) Attention off the parent (summed over the "
-             "other positions term by term: 1 - parent attention rounds to 0) is negligible everywhere, as Theorem "
-             "3.1's exp(-Omega(N)) says. (c) The "
-             "distance of V's direction to Pi^T falls like T^(-1/2) only for p = 1/2; for p != 1/2 it levels off "
-             "(dotted: the predicted level). (d) The distance to the entrywise square root of Pi^T falls like "
-             "T^(-1/2) for every p: that is the direction V converges to under the loss -log(f_y + eps)."),
+    caption=("(a) Accuracy sits on max(p, 1-p) for every p and K. (b) Attention off the parent (summed over the other "
+             "positions term by term: 1 - parent attention rounds to 0) is negligible everywhere, as Theorem 3.1's "
+             "exp(-Omega(N)) says. (c) The distance of V's direction to Pi^T falls like T^(-1/2) only for p = 1/2; "
+             "for p != 1/2 it levels off (dotted: the predicted level, in the curve's colour; K = 6, p = 0.7 and K = "
+             "7, p = 0.3 share one). (d) The distance to the entrywise square root of Pi^T falls like T^(-1/2) for "
+             "every p: that is the direction V converges to under the loss -log(f_y + eps)."),
     runs=RUNS,
     panels=[
-        Panel("custom", "(a) accuracy vs max(p, 1-p), N = 49", draw=draw_accuracy, xlabel="max(p, 1-p)",
+        Panel("custom", f"(a) accuracy vs max(p, 1-p), N = {GRID_N}", draw=draw_accuracy, xlabel="max(p, 1-p)",
               ylabel="test accuracy after 100 steps"),
-        Panel("custom", "(b) attention off the parent", draw=draw_attention, xlabel="p",
+        Panel("custom", f"(b) attention off the parent, N = {GRID_N}", draw=draw_attention, xlabel="p",
               ylabel="attention off the parent (log)"),
-        Panel("custom", "(c) V vs Pi^T (population, N = 11)", draw=draw_rate("v_distance", True), xlabel="T (step)",
-              ylabel="||V/||V|| - Pi^T/||Pi^T|| ||"),
-        Panel("custom", "(d) V vs sqrt(Pi^T) (population)", draw=draw_rate("sqrt_distance", False),
+        Panel("custom", f"(c) V vs Pi^T (population, N = {RATE_N})", draw=draw_rate("v_distance", True),
+              xlabel="T (step)", ylabel="||V/||V|| - Pi^T/||Pi^T|| ||"),
+        Panel("custom", f"(d) V vs sqrt(Pi^T) (population, N = {RATE_N})", draw=draw_rate("sqrt_distance", False),
               xlabel="T (step)", ylabel="||V/||V|| - sqrt(Pi^T)/||.|| ||"),
     ],
     claims=CLAIMS,
