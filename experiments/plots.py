@@ -126,8 +126,9 @@ def _heatmap(ax: Any, panel: Panel, results: Results) -> str:
     labels = panel.options.get("ticklabels", [str(i + 1) for i in range(max(matrix.shape))])
     for axis, n, which in ((ax.xaxis, cols, "xticklabels"), (ax.yaxis, rows, "yticklabels")):
         if 1 < n <= 40:
-            # Up to 12 rows or columns every one is labelled, beyond that the first and every fifth.
-            shown = [i for i in range(n) if n <= 12 or i == 0 or (i + 1) % 5 == 0]
+            # Named rows or columns, and up to 12 numbered ones, are all labelled; beyond that the first
+            # and every fifth number.
+            shown = [i for i in range(n) if which in panel.options or n <= 12 or i == 0 or (i + 1) % 5 == 0]
             axis.set_ticks(np.asarray(shown) + 0.5)
             axis.set_ticklabels([panel.options.get(which, labels)[i] for i in shown])
         else:

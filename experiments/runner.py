@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import pickle
 import pkgutil
 import shutil
 import tempfile
@@ -353,7 +354,10 @@ def draw_figures(figures: list[FigureSpec], names: dict[tuple[str, str], str], t
     """
     results = {fig.id: figure_results(fig, names, trained, reduced) for fig in figures}
     drawn = sorted((fig for fig in figures if fig.panels), key=lambda fig: len(fig.panels), reverse=True)
-    futures = {fig.id: pool.submit(_draw, fig.id, results[fig.id], out_dir) for fig in drawn} if pool else {}
+    # Each figure's results are pickled here, before any claim is measured: the pool would pickle them
+    # later, in a thread of its own, while measuring a claim attaches hooks to the same models.
+    futures = {fig.id: pool.submit(_draw_pickled, fig.id, pickle.dumps(results[fig.id]), out_dir)
+               for fig in drawn} if pool else {}
     outcomes = []
     for fig in figures:
         t0 = time.perf_counter()
@@ -366,6 +370,11 @@ def draw_figures(figures: list[FigureSpec], names: dict[tuple[str, str], str], t
                                                            else _draw(fig, results[fig.id], out_dir))
             outcome.seconds += seconds
     return outcomes
+
+
+def _draw_pickled(fig_id: str, results: bytes, out_dir: Path) -> tuple[Optional[str], list[str], float]:
+    """:func:`_draw` in a worker process, from a discovered figure's id and its pickled results."""
+    return _draw(fig_id, pickle.loads(results), out_dir)
 
 
 def _draw(fig: FigureSpec | str, results: Results, out_dir: Path) -> tuple[Optional[str], list[str], float]:

@@ -363,3 +363,18 @@ def test_backward_hooks_fire_at_every_hook_point(options):
         out[:, -1, 0].sum().backward()
         model.reset_hooks()
         assert fired == [name]
+
+
+def test_the_merged_W_stays_rank_one_from_zero_initialisation():
+    """PAPER.md section 2: the query x~_N = [0; p_N] is the same for every walk, so every W-gradient is
+    g x~_N^T. The deep model stores the whole W: from zero init it stays rank one, its only non-zero
+    column the query's coordinate K + N - 1 (orthogonal embeddings), and the columns that multiply the
+    query's token coordinates (W_11, W_21) stay zero."""
+    K, N = 5, 9
+    task = CircleWalk(K, 0.7, N)
+    model = DeepTransformer(DeepConfig.paper(K, N, 16))
+    train(model, task, TrainConfig(steps=5, population=True), progress=False)
+    W = model.blocks[0].attn.W.detach()[0]  # score = x_k^T W x_q
+    nonzero = sorted({int(j) for j in torch.nonzero(W.abs().sum(0)).flatten()})
+    assert nonzero == [K + N - 1]
+    assert torch.count_nonzero(W[:, :K]) == 0 and int(torch.linalg.matrix_rank(W)) == 1

@@ -434,3 +434,25 @@ def test_worker_processes_give_the_same_numbers_and_figures(tmp_path):
     assert (tmp_path / "one" / "fig05.png").read_bytes() == (tmp_path / "two" / "fig05.png").read_bytes()
     with pytest.raises(RwinterpError, match="jobs"):
         execute(runs, progress=False, jobs=0)
+
+
+def test_the_drawing_workers_get_each_figures_results_pickled_before_claims_are_measured(tmp_path):
+    """A process pool pickles its arguments later, in a thread of its own; measuring a claim meanwhile
+    attaches hooks to the same models (a hook cannot be pickled). So the results go to the pool as bytes."""
+    from concurrent.futures import Future
+
+    from experiments.runner import draw_figures
+
+    sent = []
+
+    class Pool:
+        def submit(self, fn, *args):
+            sent.append(args)
+            future = Future()
+            future.set_result(fn(*args))
+            return future
+
+    figures = select(discover(), ["2"])
+    outcomes = draw_figures(figures, {}, {}, True, tmp_path, Pool())
+    assert len(sent) == 1 and isinstance(sent[0][1], bytes)
+    assert outcomes[0].image == "fig02.png" and (tmp_path / "fig02.png").exists()

@@ -117,6 +117,23 @@ def test_paper_setting_reaches_bayes_accuracy_and_attends_to_the_parent(trained_
     assert result.history[2]["parent_attention"] > 1 - 1e-6
 
 
+def test_V_grows_like_the_square_root_of_lr_t_along_Pi_T():
+    """Once attention sits on the parent, f = V x_{N-1} and the population gradient on V's entry (y, x) is
+    -Pi[x, y] / (K (V[y, x] + eps)): so (V + eps)^2 grows by 2 lr Pi[x, y] / K per step on the entries
+    where Pi^T is non-zero (beta(t) ~ sqrt(lr t) of Theorem 3.1's proof), up to a discretisation term
+    of relative size lr Pi / (K (V + eps)^2), below 1e-3 here."""
+    K, N, lr, eps = 5, 9, 1.0, 0.1
+    task = CircleWalk(K, 0.7, N)
+    model = paper_model(task, pos_dim=16)
+    seen = {}
+    train(model, task, TrainConfig(lr=lr, eps=eps, steps=400, population=True), progress=False,
+          callback=lambda step, m, record: seen.update({step: m.V.detach().clone()}) if step in (200, 400) else None)
+    Pi_T = task.transition_matrix().T
+    on = Pi_T > 0
+    growth = ((seen[400] + eps) ** 2 - (seen[200] + eps) ** 2) / 200
+    assert torch.allclose(growth[on], 2 * lr * Pi_T[on] / K, rtol=2e-3)
+
+
 def test_the_loss_is_minus_log_of_the_raw_score_plus_eps():
     """Not softmax cross-entropy: the raw score of the label, and negative once it exceeds 1 - eps."""
     from rwinterp.losses import per_sample_loss

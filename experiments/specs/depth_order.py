@@ -120,7 +120,10 @@ def _layer_of_last_parent(results: Results, runs: list[str]) -> dict[str, int]:
     return out
 
 
-ROWS_NOTE = "rows: run and layer; columns: parent s_{N-2}, parent s_{N-1}, all other positions"
+ROWS_NOTE = "columns: parent s_{N-2}, parent s_{N-1}, all other positions"
+#: The tick labels of (c) and (d): a row per two-layer run and layer, a column per parent and the rest.
+HEAT_LABELS = {"yticklabels": [f"{run} L{layer}" for run in TWO_LAYER for layer in range(2)],
+               "xticklabels": ["s_{N-2}", "s_{N-1}", "other"]}
 
 SPEC = FigureSpec(
     id="depth-order",
@@ -140,14 +143,13 @@ SPEC = FigureSpec(
         Panel("bar", "(b) random 2nd-order chain: test accuracy", data=_accuracies(RANDOM_RUNS),
               ref={"Bayes": RANDOM_BAYES, "s_{N-1} alone": RANDOM_LAST_STATE}, ylabel="accuracy", ylim=(0, 1)),
         Panel("heatmap", "(c) query-slot attention per layer on the parents", data=_heat(parent_rows, TWO_LAYER),
-              xlabel=ROWS_NOTE, options={"annot": True}),
+              xlabel=ROWS_NOTE, options={"annot": True, **HEAT_LABELS}),
         Panel("heatmap", "(d) value patching per layer at the parents", data=_heat(value_patching_rows, TWO_LAYER),
-              xlabel=ROWS_NOTE, options={"annot": True, "cmap": "vlag", "center": 0.0}),
+              xlabel=ROWS_NOTE, options={"annot": True, "cmap": "vlag", "center": 0.0, **HEAT_LABELS}),
         Panel("text", "(e) probe scores, trained / random-initialised",
               data=Computed(lambda r: score_table(r, ["one", "one-2h", "two-s0", "std1", "std2-s0"]))),
-        Panel("text", "(f) rows of (c) and (d); the layer attending most to s_{N-1}",
+        Panel("text", "(f) the layer attending most to s_{N-1}",
               data=Computed(lambda r: "\n".join(
-                  f"{i + 1:2d} {label}" for i, label in enumerate(parent_rows(r, TWO_LAYER)[1])) + "\n\n" + "\n".join(
                   f"{run}: layer {layer}" for run, layer in _layer_of_last_parent(r, TWO_LAYER).items()))),
     ],
     claims=[
