@@ -28,7 +28,7 @@ import pkgutil
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
@@ -331,7 +331,7 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
             trained = execute(runs, progress, jobs=jobs, threads=threads, pool=pool)
         finally:
             torch.set_num_threads(previous)
-        outcomes = draw_figures(figures, names, trained, reduced, tmp, pool)
+        outcomes = draw_figures(figures, names, trained, reduced, tmp, pool, in_flight=jobs)
         run_rows = [_run_row(r, trained[r.key]) for r in runs]
         rep = Report(outcomes, run_rows, time.perf_counter() - start, reduced, load_before, jobs)
         if write:
@@ -345,24 +345,40 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
 
 
 def draw_figures(figures: list[FigureSpec], names: dict[tuple[str, str], str], trained: dict[str, RunResult],
-                 reduced: bool, out_dir: Path, pool: Any = None) -> list[FigureOutcome]:
+                 reduced: bool, out_dir: Path, pool: Any = None, in_flight: int = 2) -> list[FigureOutcome]:
     """Check every figure's claims and draw its PNG into ``out_dir``.
 
     The claims are measured here, in this process, so the numbers never depend on how the work is
     shared. Given a ``pool`` (:func:`worker_pool`), its workers draw meanwhile, figures with the most
-    panels first: drawing takes most of the time.
+    panels first (drawing takes most of the time), ``in_flight`` figures at a time (one per worker).
+
+    Each figure's results go to the pool pickled here, between two claims: the pool would otherwise
+    pickle them in a thread of its own, while measuring a claim attaches hooks to the same models (and
+    a hook cannot be pickled). Only ``in_flight`` of them are pickled at once, as the pickles hold the
+    models and walks, and without the analyses the claims have memoised (:meth:`RunResult.memo`),
+    which can be large: a worker computes again what its panels need.
     """
+    from concurrent.futures import FIRST_COMPLETED, wait
+
     results = {fig.id: figure_results(fig, names, trained, reduced) for fig in figures}
-    drawn = sorted((fig for fig in figures if fig.panels), key=lambda fig: len(fig.panels), reverse=True)
-    # Each figure's results are pickled here, before any claim is measured: the pool would pickle them
-    # later, in a thread of its own, while measuring a claim attaches hooks to the same models.
-    futures = {fig.id: pool.submit(_draw_pickled, fig.id, pickle.dumps(results[fig.id]), out_dir)
-               for fig in drawn} if pool else {}
+    waiting = sorted((fig for fig in figures if fig.panels), key=lambda fig: len(fig.panels), reverse=True)
+    futures: dict[str, Any] = {}
+
+    def submit_more() -> None:
+        while pool is not None and waiting and sum(not f.done() for f in futures.values()) < in_flight:
+            fig = waiting.pop(0)
+            futures[fig.id] = pool.submit(_draw_pickled, fig.id, _pickled(results[fig.id]), out_dir)
+
+    submit_more()
     outcomes = []
     for fig in figures:
         t0 = time.perf_counter()
         claims = evaluate_claims(fig, results[fig.id])
         outcomes.append(FigureOutcome(fig, claims, None, [], time.perf_counter() - t0))
+        submit_more()
+    while pool is not None and waiting:
+        wait([f for f in futures.values() if not f.done()], return_when=FIRST_COMPLETED)
+        submit_more()
     for outcome in outcomes:
         fig = outcome.spec
         if fig.panels:
@@ -370,6 +386,16 @@ def draw_figures(figures: list[FigureSpec], names: dict[tuple[str, str], str], t
                                                            else _draw(fig, results[fig.id], out_dir))
             outcome.seconds += seconds
     return outcomes
+
+
+def _pickled(results: Results) -> bytes:
+    """``results`` pickled as the pool itself would (tensors travel through shared memory, not inside
+    the pickle: a plain pickle copies every model and walk into it), without the runs' memoised analyses."""
+    from multiprocessing.reduction import ForkingPickler
+
+    bare = Results({name: replace(run, derived={}) for name, run in results.items()})
+    bare.reduced = results.reduced
+    return bytes(ForkingPickler.dumps(bare))
 
 
 def _draw_pickled(fig_id: str, results: bytes, out_dir: Path) -> tuple[Optional[str], list[str], float]:
