@@ -181,6 +181,11 @@ def findings(s: dict[str, float], kind: str = "query") -> list[str]:
         out.append(f"Activation patching finds the computation {where}: {s['patching.localization']:.3f} of the "
                    f"effect is there, and patching the parent alone recovers {s['patching.parent_effect']:.3f} "
                    "of the clean output.")
+        scores = [s[k] for k in ("patching.parent_effect", "patching.necessity", "patching.sufficiency") if ok(k)]
+        if any(not -0.1 <= v <= 1.1 for v in scores):
+            out.append("Some patching scores lie outside [0, 1]: each is a ratio of mean logit differences, and "
+                       "when corrupting the input barely changes the output on average (a small denominator) the "
+                       "ratio is unstable; read them with their intervals.")
         if s.get("patching.contrast_outside_parents") == 0.0:
             out.append("Clean and corrupted inputs differ only at the parents, so patching anywhere else cannot "
                        "change the output: localization is 1 for any model on these inputs, trained or not; judge "

@@ -310,3 +310,12 @@ def test_attention_ties_and_weights():
     pattern = torch.tensor([[0.2, 0.8], [0.6, 0.4]], dtype=torch.float64)
     assert parent_attention(pattern, [1], torch.tensor([0.25, 0.75])) == pytest.approx(0.5, rel=1e-15)
     assert parent_attention(pattern, [1]) == pytest.approx(0.6, rel=1e-15)
+
+
+def test_findings_warn_when_a_patching_ratio_leaves_the_unit_interval():
+    from probes.scorecard import findings
+
+    base = {"patching.localization": 0.5, "patching.necessity": 0.4, "patching.sufficiency": 0.5}
+    warning = "outside [0, 1]"
+    assert not any(warning in line for line in findings({**base, "patching.parent_effect": 0.95}))
+    assert any(warning in line for line in findings({**base, "patching.parent_effect": 3.74}))
