@@ -269,6 +269,18 @@ class HookedWalkModel(HookedRootModule):
         hooks = (self.hook_embed, self.hook_pos_embed, self.blocks[0].hook_resid_pre)
         return self.hook_embed(with_gradient(embed, *hooks)), self.hook_pos_embed(with_gradient(pos, *hooks))
 
+    def tokens_to_residual_directions(self, tokens: int | Int[Tensor, "..."]) -> Float[Tensor, "... d_model"]:
+        """As in TransformerLens: the unembedding direction of each output token (a column of ``W_U``), for
+        ``ActivationCache.logit_attrs``."""
+        if isinstance(tokens, Tensor) and tokens.numel() > 1:
+            return self.W_U[:, tokens].movedim(0, -1)
+        return self.W_U[:, int(tokens)]
+
+    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
+        """As in TransformerLens: the biases added to the residual stream before ``layer``; these models
+        have none."""
+        return self.W_U.new_zeros(self.cfg.d_model)
+
     @property
     def QK(self) -> FactoredMatrix:
         return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))

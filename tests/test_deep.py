@@ -378,3 +378,18 @@ def test_the_merged_W_stays_rank_one_from_zero_initialisation():
     nonzero = sorted({int(j) for j in torch.nonzero(W.abs().sum(0)).flatten()})
     assert nonzero == [K + N - 1]
     assert torch.count_nonzero(W[:, :K]) == 0 and int(torch.linalg.matrix_rank(W)) == 1
+
+
+def test_activation_cache_decompositions_on_a_standard_model():
+    """TransformerLens's residual-stream tools work on a causal deep model: the full decomposition sums
+    to the final residual stream, and the logit attribution of the final accumulated residual is the
+    logit itself (no biases, no final normalisation)."""
+    task = CircleWalk(5, 0.7, 10)
+    model = DeepTransformer(DeepConfig.standard(5, 10, 16, n_layers=2, dtype="float64")).eval()
+    states = task.sample(4, 0).states
+    logits, cache = model.run_with_cache(states)
+    parts = cache.get_full_resid_decomposition()
+    assert torch.allclose(parts.sum(0), cache["blocks.1.hook_resid_post"], atol=1e-12)
+    y = states[:, -1]
+    attrs = cache.logit_attrs(cache.accumulated_resid(), tokens=y)  # [layer, batch, pos]
+    assert torch.allclose(attrs[-1], logits.gather(-1, y[:, None, None].expand(-1, 10, 1))[..., 0], atol=1e-12)
