@@ -354,9 +354,9 @@ def draw_figures(figures: list[FigureSpec], names: dict[tuple[str, str], str], t
 
     Each figure's results go to the pool pickled here, between two claims: the pool would otherwise
     pickle them in a thread of its own, while measuring a claim attaches hooks to the same models (and
-    a hook cannot be pickled). Only ``in_flight`` of them are pickled at once, as the pickles hold the
-    models and walks, and without the analyses the claims have memoised (:meth:`RunResult.memo`),
-    which can be large: a worker computes again what its panels need.
+    a hook cannot be pickled). Only ``in_flight`` of them are pickled at once (each holds its figure's
+    models and walks, in shared memory), without the analyses the claims have memoised
+    (:meth:`RunResult.memo`): a worker computes again what its panels need.
     """
     from concurrent.futures import FIRST_COMPLETED, wait
 
