@@ -35,7 +35,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from rwinterp.errors import RwinterpError, require, require_seed
+from rwinterp.errors import RwinterpError, require
 from rwinterp.tasks import Batch, Task
 
 KINDS = ("query", "autoregressive")
@@ -273,9 +273,7 @@ def run_test_walks(run: Any) -> Batch:
     try:
         config = TrainConfig.from_dict(run.train)
     except (RwinterpError, TypeError):
-        seed, n = run.train.get("seed", 0), run.train.get("n_test", 1000)
-        require_seed(seed, "the run's training seed")
-        require(isinstance(n, int) and not isinstance(n, bool) and n >= 1,
-                f"the run's n_test must be a positive integer, got {n!r}")
-        return run.task.sample(n, data_seeds(seed)[1])
+        # Only the seed and the test-set size matter here, checked as any training config's are.
+        config = TrainConfig.from_dict({k: run.train[k] for k in ("seed", "n_test") if k in run.train})
+        return run.task.sample(config.n_test, data_seeds(config.seed)[1])
     return make_data(run.task, config)[1]

@@ -216,6 +216,12 @@ def test_transformer_lens_patching_runs_unchanged(trained_paper_models):
     assert pattern.item() == pytest.approx(corrupt_value.item(), rel=1e-2, abs=1e-3)
     # The key-query circuit in TransformerLens's terms: the query is the same for every walk (patching it
     # changes nothing), and the keys are almost all positional (patching them barely does).
+    # Patching the values by position: only the parent's carry the walk, as only it is attended to.
+    v = tl_patching.get_act_patch_attn_head_v_by_pos(model, corrupted.tokens, clean_cache, metric)
+    assert v.shape == (1, task.seq_len, 1)
+    assert v[0, parent, 0].item() == pytest.approx(clean_value.item(), rel=1e-3)
+    v_others = torch.cat([v[0, :parent, 0], v[0, parent + 1:, 0]])
+    assert torch.allclose(v_others, corrupt_value.to(v.dtype), rtol=1e-2, atol=1e-3)
     q = tl_patching.get_act_patch_attn_head_q_all_pos(model, corrupted.tokens, clean_cache, metric)
     k = tl_patching.get_act_patch_attn_head_k_by_pos(model, corrupted.tokens, clean_cache, metric)
     assert q.item() == pytest.approx(corrupt_value.item(), rel=1e-6)  # (patching stores float32)
