@@ -113,7 +113,9 @@ def _heatmap(ax: Any, panel: Panel, results: Results) -> str:
         lo, hi = center - span, center + span
     mesh = ax.pcolormesh(matrix, cmap=cmap, vmin=lo, vmax=hi if hi > lo else lo + 1)
     ax.invert_yaxis()
-    ax.figure.colorbar(mesh, ax=ax, fraction=0.046, pad=0.03)
+    # The colour bar sits in the heatmap's own axes coordinates, so it is as tall as the drawn matrix
+    # (a bar stolen from the panel's slot would span the slot, not the equal-aspect matrix inside it).
+    ax.figure.colorbar(mesh, cax=ax.inset_axes((1.03, 0.0, 0.035, 1.0)))
     if panel.options.get("annot", matrix.size <= 64):
         fmt = panel.options.get("fmt", ".2f")
         norm = plt.Normalize(lo, hi if hi > lo else lo + 1)

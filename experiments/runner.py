@@ -234,6 +234,11 @@ def evaluate_claims(fig: FigureSpec, results: Results) -> list[ClaimResult]:
         note = claim.note
         if error:
             note = f"measurement failed ({error}). {note}".strip()
+        elif not holds and claim.why is not None:
+            try:
+                note = f"{note} {claim.why(results)}".strip()
+            except Exception as exc:  # noqa: BLE001  (as a measurement: reported, not raised)
+                note = f"{note} (its explanation failed: {type(exc).__name__}: {exc})".strip()
         out.append(ClaimResult(fig.id, claim.claim, expected, measured, holds, note, error))
     return out
 

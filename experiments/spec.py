@@ -443,7 +443,9 @@ class Claim:
     bool). ``check``: the comparison. ``expected``: text for the report (default: the check's).
     ``reduced``: the claim must also hold in reduced mode (asserted by the CI test).
     ``note``: why it may not hold and what was tried (shown in the report when it fails),
-    or context for the measured number.
+    or context for the measured number. ``why``: a measured account of what the runs did instead,
+    appended to the note when the claim does not hold (a sentence built from the results, so the
+    explanation of a failure cannot drift from the numbers).
     """
 
     claim: str
@@ -452,6 +454,7 @@ class Claim:
     expected: str = ""
     reduced: bool = False
     note: str = ""
+    why: Optional[Callable[[Results], str]] = None
 
 
 @dataclass

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from experiments.runner import discover, evaluate_claims, plan, reproduce, select
-from experiments.spec import (Claim, Computed, FigureSpec, Record, Results, RunSpec, at_most, binomial_tol,
+from experiments.spec import (Claim, Computed, FigureSpec, Record, Results, RunSpec, at_least, at_most, binomial_tol,
                               is_true, near, walk_run)
 from rwinterp.cli import main
 from rwinterp.errors import RwinterpError
@@ -125,6 +125,26 @@ def test_a_failing_measurement_is_a_claim_that_does_not_hold():
     assert "KeyError" in out[0].error and "measurement failed" in out[0].note
     assert out[1].measured is None
     assert out[2].expected == "0.5 ± 0.04743"
+
+
+def test_a_claims_measured_explanation_is_added_to_its_note_only_when_it_fails():
+    def why(results):
+        return f"measured {results['n']}."
+
+    def broken_why(results):
+        raise ValueError("no run")
+
+    fig = FigureSpec("x", "t", "c", claims=[
+        Claim("holds", Computed(lambda r: 1.0), at_least(1.0), note="context", why=why),
+        Claim("fails", Computed(lambda r: 0.0), at_least(1.0), note="context", why=why),
+        Claim("fails, its why fails", Computed(lambda r: 0.0), at_least(1.0), why=broken_why),
+    ])
+    results = Results()
+    results["n"] = 3
+    out = evaluate_claims(fig, results)
+    assert [c.holds for c in out] == [True, False, False]
+    assert out[0].note == "context" and out[1].note == "context measured 3."
+    assert out[2].error is None and "ValueError: no run" in out[2].note
 
 
 def test_records_merge_steps_and_quantities():

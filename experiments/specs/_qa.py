@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+import torch
+
 from experiments.spec import (Claim, Computed, FigureSpec, Final, History, Panel, Record, Results, RunSpec,
-                              accuracy_near, at_most, is_true, near)
-from rwinterp.qa import QAMajority, QAOrder, QATask
+                              accuracy_near, at_least, at_most, is_true, near)
+from rwinterp.model import predict
+from rwinterp.qa import FRUITS, VOCAB, QAMajority, QAOrder, QATask
 
 QA_MODEL = {"pos_dim": 1000, "init": "gaussian", "init_sigma": 0.01, "normalize_tokens": True}
 REDUCED = {"model": {"pos_dim": 200}}
@@ -51,6 +54,14 @@ def passing_through_one(results: Results, runs: Sequence[str]) -> int:
     """How many of ``runs`` reach 100% test accuracy at some step but do not end there."""
     accs = (results[r].series("test_accuracy")[1] for r in runs)
     return sum(bool(a.max() == 1.0 and a[-1] < 1.0) for a in accs)
+
+
+def answer_share(results: Results, run: str) -> float:
+    """The share of ``run``'s test sentences that its model answers with a fruit (any other word is wrong)."""
+    r = results[run]
+    with torch.no_grad():
+        answers = predict(r.model(r.test.tokens))
+    return float(torch.isin(answers, torch.tensor([VOCAB.index(f) for f in FRUITS])).double().mean())
 
 
 def seed_panel(title: str, prefix: str = "") -> Panel:
@@ -99,9 +110,16 @@ def qa_claims(prefix: str, setting: str, note1: str = "", note2: str = "", reduc
               reproduces: bool = True) -> list[Claim]:
     if not reproduces:
         return [Claim(f"task 1 is NOT learned under this reading (PAPER.md section 5) [{setting}]",
-                      Final(f"{prefix}task1", "test_accuracy"), at_most(0.9), note=note1)]
+                      Final(f"{prefix}task1", "test_accuracy"), at_most(0.9), note=note1),
+                Claim(f"task 2 IS learned under this reading: the two tasks come out reversed (PAPER.md section 5) "
+                      f"[{setting}]",
+                      Final(f"{prefix}task2", "test_accuracy"), at_least(0.9), note=note2,
+                      why=lambda r: "Here neither task is learned: " + "; ".join(
+                          f"task {t[-1]} ends at {r[prefix + t].final['test_accuracy']:.3f} test accuracy, "
+                          f"answering {answer_share(r, prefix + t):.0%} of the test sentences with a fruit"
+                          for t in TASKS) + ".")]
     return [
-        Claim(f"task 1 (majority) reaches 100% test accuracy within 100 steps [{setting}]",
+        Claim(f"task 1 (majority) reaches 100% test accuracy within 100 steps (measured at step 100) [{setting}]",
               Final(f"{prefix}task1", "test_accuracy"), near(1.0, 0.0), reduced=reduced, note=note1),
         Claim(f"task 2 (order) stays near 50% [{setting}]",
               Final(f"{prefix}task2", "test_accuracy"), accuracy_near(f"{prefix}task2", 0.5), reduced=reduced,

@@ -61,11 +61,12 @@ SPEC = FigureSpec(
     caption=(f"K = {K}, p = 1, N = {N} (every node visited {(N - 1) // K} times), M = {M}, 1000/1000 walks. "
              "Zero-initialised models stay at chance 1/K however many layers or heads they have (the symmetry "
              "of Theorem 4.1 survives depth; their curves lie on each other in (a)); random initialisation, added "
-             "positional embeddings and a standard transformer break it, and the random-initialised one-layer "
-             "models solve the walk by attending to an arbitrary position rather than the parent (d: uniform "
-             f"attention is 1/(N-1) = {1 / (N - 1):.3f}). In (e), nan: a model that gives every walk the same "
-             "scores has no patching effect to share out; a random model's necessity leaves [0, 1] when its "
-             "total effect is near 0."),
+             "positional embeddings and a standard transformer break it; the Gaussian- and GPT-2-initialised "
+             "models of the paper's architecture solve the walk by attending to an arbitrary position rather than "
+             "the parent, while the one-layer model with added learned positions and GPT-2 init does not solve it "
+             f"(a). In (d), uniform attention is 1/(N-1) = {1 / (N - 1):.3f}. In (e), nan: a model that gives every "
+             "walk the same scores has no patching effect to share out; a random model's necessity leaves [0, 1] "
+             "when its total effect is near 0."),
     runs=RUNS,
     layout=(2, 3),
     panel_size=(5.5, 3.6),
