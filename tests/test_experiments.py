@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from experiments.runner import discover, evaluate_claims, plan, reproduce, select
-from experiments.spec import (Claim, Computed, FigureSpec, Record, Results, RunSpec, at_least, at_most, binomial_tol,
-                              is_true, near, walk_run)
+from experiments.spec import (Claim, Computed, FigureSpec, Record, Results, RunSpec, at_least, at_most, between,
+                              binomial_tol, is_true, near, walk_run)
 from rwinterp.cli import main
 from rwinterp.errors import RwinterpError
 
@@ -125,6 +125,9 @@ def test_a_failing_measurement_is_a_claim_that_does_not_hold():
     assert "KeyError" in out[0].error and "measurement failed" in out[0].note
     assert out[1].measured is None
     assert out[2].expected == "0.5 ± 0.04743"
+    # The ends of a range and the bounds themselves count as holding.
+    assert between(1, 2).holds(1) and between(1, 2).holds(2) and not between(1, 2).holds(2.0001)
+    assert at_most(1).holds(1) and at_least(1).holds(1) and near(0.5, 0.1).holds(0.6)
 
 
 def test_a_claims_measured_explanation_is_added_to_its_note_only_when_it_fails():

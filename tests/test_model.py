@@ -25,7 +25,7 @@ def reference_scores(model, tokens):
     X = torch.nn.functional.one_hot(tokens, K + 1)[..., :K].to(cfg.dtype)  # [b, N, K], query row 0
     P = positional_embeddings(cfg.pos_embedding, N, cfg.pos_dim).to(cfg.dtype)
     Xt = torch.cat([X, P.expand(len(tokens), -1, -1)], dim=-1)  # x~_i
-    keys = Xt / Xt.norm(dim=-1, keepdim=True) if cfg.normalize_tokens else Xt
+    keys = Xt / Xt.norm(dim=-1, keepdim=True) * cfg.token_norm if cfg.normalize_tokens else Xt
     q = keys[0, -1] if cfg.normalize_query else Xt[0, -1]  # keys-only normalisation keeps x~_N
     S = torch.softmax(keys @ (model.W @ q), dim=-1)
     h = torch.einsum("bn,bnk->bk", S, X)
@@ -35,12 +35,14 @@ def reference_scores(model, tokens):
     return out
 
 
-@pytest.mark.parametrize("normalize", [False, True, "keys"])
+@pytest.mark.parametrize("normalize, r", [(False, 1.0), (True, 1.0), ("keys", 1.0), (True, 2.5), ("keys", 2.5)])
 @pytest.mark.parametrize("pe", ["orthogonal", "sine"])
 @pytest.mark.parametrize("mlp, act", [(None, "relu"), (7, "relu"), (7, "linear")])
-def test_forward_matches_the_paper_formula(normalize, pe, mlp, act):
+def test_forward_matches_the_paper_formula(normalize, r, pe, mlp, act):
+    """The fast path and the hooked (dense) path both compute f(X) as written, for x~ normalised to
+    length r (``token_norm``) too."""
     model = small(normalize_tokens=normalize is not False, normalize_query=normalize != "keys",
-                  pos_embedding=pe, mlp_width=mlp, act_fn=act)
+                  pos_embedding=pe, mlp_width=mlp, act_fn=act, token_norm=r)
     tokens = CircleWalk(5, 0.6, 9).sample(64, 0).tokens
     expected = reference_scores(model, tokens)
     fast = model(tokens)[:, 0]
@@ -51,6 +53,25 @@ def test_forward_matches_the_paper_formula(normalize, pe, mlp, act):
         pre = cache["blocks.0.mlp.hook_pre"]
         assert (pre < -1e-3).any()
         assert torch.equal(cache["blocks.0.mlp.hook_post"], pre if act == "linear" else torch.relu(pre))
+
+
+@pytest.mark.parametrize("init", ["zero", "gaussian"])
+def test_W_maps_the_query_to_u_and_is_drawn_at_the_papers_scale(init):
+    """Only u = W q enters the forward pass; the reported W must give it back (W q = u), and a Gaussian
+    W with N(0, sigma^2) entries gives u entries of standard deviation sigma ||q||."""
+    from rwinterp.training import TrainConfig, train
+
+    task = CircleWalk(5, 0.7, 9)
+    model = small(init=init, init_sigma=0.01)
+    train(model, task, TrainConfig(lr=1.0, steps=3, n_train=64, n_test=16), progress=False)
+    q = model.query_vector()
+    assert torch.allclose(model.W @ q, model.u, rtol=1e-12, atol=1e-15)
+    assert init == "gaussian" or torch.linalg.matrix_rank(model.W) == 1
+    # Large enough (d_model 3006) for the standard deviation to be measured to about 1.3%.
+    big = WalkTransformer(WalkTransformerConfig(n_states=6, n_ctx=9, pos_dim=3000, init="gaussian",
+                                                init_sigma=0.01, seed=0))
+    expected = 0.01 * float(big.query_vector().norm())
+    assert float(big.u.detach().std()) == pytest.approx(expected, rel=0.05)
 
 
 def test_the_linear_fc_layer_is_the_product_of_A_and_V():

@@ -14,7 +14,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from probes.attention import attention_probe
 from probes.config import ProbeConfig
 from probes.patching import patching_probe
-from probes.stats import Spread, bootstrap_weights, point_weights, ratio
+from probes.stats import Spread, bootstrap_weights, percentile_interval, point_weights, ratio
 from probes.targets import evaluating, targets_for
 from probes.transition import compare_to_transition, transition_probe
 from rwinterp.chains import PersistentWalk
@@ -161,6 +161,10 @@ def test_comparisons_of_a_matrix_with_pi():
     assert compare_to_transition(tilted, Pi).argmax_agreement == 1.0
     wrong = torch.eye(6, dtype=torch.float64)  # "stay": never a possible next state
     assert compare_to_transition(wrong, Pi).argmax_agreement == 0.0
+    # p = 0.7: Pi is not symmetric, so comparing against Pi^T instead of Pi would show here.
+    skew = circle_transition(6, 0.7)
+    assert compare_to_transition(skew, skew).cosine == pytest.approx(1, abs=1e-12)
+    assert compare_to_transition(skew.T, skew).cosine == pytest.approx(2 * 0.7 * 0.3 / (0.7**2 + 0.3**2))
     logits = torch.log(circle_transition(6, 0.7).clamp(min=1e-30))
     assert compare_to_transition(logits, circle_transition(6, 0.7)).kl == pytest.approx(0, abs=1e-9)
     ones = compare_to_transition(torch.ones(6, 6, dtype=torch.float64), Pi)
@@ -209,6 +213,15 @@ def test_ratio_of_batch_means_and_bootstrap_weights():
     assert torch.equal(w, bootstrap_weights(None, 20, 50, seed=3))
     probs = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
     assert torch.equal(point_weights(probs, 3)[0], probs)
+    # With walk probabilities, a resample's weights are its draw counts times the probabilities, renormalised
+    # (the same seed draws the same counts).
+    counts = bootstrap_weights(None, 3, 40, seed=5) * 3
+    assert torch.allclose(counts, counts.round(), atol=1e-12)
+    weighted = counts * probs[None]
+    assert torch.allclose(bootstrap_weights(probs, 3, 40, seed=5), weighted / weighted.sum(1, keepdim=True))
+    # 95%: the 2.5% and 97.5% quantiles.
+    lo, hi = percentile_interval(torch.linspace(0, 1, 1001, dtype=torch.float64)[:, None])
+    assert (float(lo), float(hi)) == (pytest.approx(0.025), pytest.approx(0.975))
     spread = Spread.of([1.0, 2.0, 3.0, float("nan")])
     # NaN left out; of three values a resample is all 1s (or all 3s) with chance 1/27 > 2.5%, so the 95%
     # percentile interval of the mean is exactly [1, 3].

@@ -72,6 +72,21 @@ def test_population_enumerates_every_walk_with_its_probability():
             assert joint.item() == pytest.approx(task.transition_matrix()[s, y].item(), abs=1e-12)
 
 
+def test_a_part_of_a_population_keeps_its_relative_probabilities_summing_to_one():
+    pop = CircleWalk(4, 0.7, 6).population()
+    part = pop[:10]
+    assert float(part.weights.sum()) == pytest.approx(1.0, abs=1e-12)
+    assert torch.allclose(part.weights, pop.weights[:10] / pop.weights[:10].sum())
+
+
+def test_parent_attention_is_the_total_on_all_parents():
+    from rwinterp.metrics import parent_attention
+
+    pattern = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.0, 0.5, 0.5, 0.0]], dtype=torch.float64)
+    assert parent_attention(pattern, [1, 2]) == pytest.approx(0.75)
+    assert parent_attention(pattern, [1, 2], torch.tensor([0.25, 0.75], dtype=torch.float64)) == pytest.approx(0.875)
+
+
 def test_deterministic_population_keeps_only_possible_walks():
     task = CircleWalk(5, 1.0, 41)  # far too long to enumerate 5 * 2^40 walks, but only 5 are possible
     pop = task.population()

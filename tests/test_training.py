@@ -142,6 +142,9 @@ def test_the_loss_is_minus_log_of_the_raw_score_plus_eps():
     loss = per_sample_loss("log", scores, torch.tensor([0, 2]), 0.1)
     assert loss.tolist() == pytest.approx([-math.log(2.1), -math.log(0.1)], rel=1e-15)
     assert loss[0] < 0
+    # The squared loss is half the squared distance to the one-hot label.
+    squared = per_sample_loss("squared", scores, torch.tensor([0, 2]), 0.1)
+    assert squared.tolist() == pytest.approx([0.5 * (1 + 0 + 0.0025), 0.5 * (0.09 + 0.01 + 1)], rel=1e-15)
 
 
 def test_training_is_reproducible():
