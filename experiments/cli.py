@@ -29,6 +29,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     from rwinterp.errors import require
 
     if args.list:
+        require(not (args.figures or args.out or args.reduced), "--list takes no figures, --out or --reduced")
         for spec_id, spec in discover().items():
             print(f"{spec_id:>12}  {spec.title}")
         return 0

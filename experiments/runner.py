@@ -40,7 +40,8 @@ from rwinterp.atomic import check_target, publish
 from rwinterp.errors import RwinterpError, require
 
 #: The file that marks a reproduction's directory: another ``--out`` into it replaces it whole.
-REPORT_MARKER = "results.json"
+#: What a reproduction directory holds (its marker first): an existing --out is replaced only if it holds no more.
+REPORT_FILES = ("results.json", "runs.json", "REPRODUCTION.md", "*.png")
 
 SPEC_PACKAGE = "experiments.specs"
 
@@ -319,7 +320,7 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
     out = Path(out)
     scratch = Path(tempfile.gettempdir())
     if write:  # refused now, not after the training: and the whole directory is replaced at the end
-        check_target(out, REPORT_MARKER, "reproduction")
+        check_target(out, "reproduction", REPORT_FILES)
         scratch = out.parent
     try:
         scratch.mkdir(parents=True, exist_ok=True)
@@ -341,7 +342,7 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
         rep = Report(outcomes, run_rows, time.perf_counter() - start, reduced, load_before, jobs)
         if write:
             report.write(rep, tmp)
-            publish(tmp, check_target(out, REPORT_MARKER, "reproduction"))
+            publish(tmp, check_target(out, "reproduction", REPORT_FILES))
         return rep
     finally:
         if pool is not None:

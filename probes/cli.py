@@ -12,6 +12,9 @@ from typing import Any, Callable
 from rwinterp.cli import command, print_json
 from rwinterp.errors import require
 
+#: The most random-initialised models a --baseline may hold (each is built and probed in full).
+MAX_SEEDS = 1000
+
 
 def _probe_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("probing")
@@ -57,16 +60,16 @@ def _load(path: str, walks: int | None) -> tuple[Any, Any]:
 
 def _check_out(path: str) -> None:
     """A bad --out is refused before any probing."""
-    from probes.report import SCORES_FILE
+    from probes.report import REPORT_FILES
     from rwinterp.atomic import check_target
 
-    check_target(path, SCORES_FILE, "report")
+    check_target(path, "report", REPORT_FILES)
 
 
 def _probe(args: argparse.Namespace) -> int:
     require(args.seeds is None or args.baseline is not None, "--seeds needs --baseline random")
     seeds = 5 if args.seeds is None else args.seeds
-    require(seeds >= 1, f"--seeds must be >= 1, got {seeds}")
+    require(1 <= seeds <= MAX_SEEDS, f"--seeds must be in [1, {MAX_SEEDS}], got {seeds}")
     _check_out(args.out)
     config = _config(args)
     from probes.report import summary_json, write_probe_report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
@@ -45,8 +46,12 @@ class ProbeConfig:
             require(hook in HOOKS, f"unknown patching hook {hook!r}; known: {', '.join(HOOKS)}")
         require(self.max_rows >= 1, f"max_rows must be >= 1, got {self.max_rows}")
         require(self.gradient_walks >= 0, f"gradient_walks must be >= 0, got {self.gradient_walks}")
-        require(self.bootstrap >= 0, f"bootstrap must be >= 0, got {self.bootstrap}")
         require(0.0 < self.confidence < 1.0, f"confidence must lie in (0, 1), got {self.confidence}")
+        # Fewer resamples leave no draw beyond a tail: the "interval" is then one or two draws.
+        least = math.ceil(2 / (1 - self.confidence) - 1e-9)
+        require(self.bootstrap == 0 or self.bootstrap >= least,
+                f"bootstrap must be 0 (no intervals) or at least {least} resamples for a {self.confidence:.0%} "
+                f"interval, got {self.bootstrap}")
         require_seed(self.seed)
 
     def to_dict(self) -> dict[str, Any]:

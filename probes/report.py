@@ -18,11 +18,13 @@ from rwinterp.atomic import atomic_directory as _atomic_directory
 
 SCORES_FILE = "scores.json"
 REPORT_FILE = "report.md"
+#: What a report directory holds (its marker first): an existing --out is replaced only if it holds no more.
+REPORT_FILES = (SCORES_FILE, REPORT_FILE, "*.png")
 
 
 def atomic_directory(target: Path, build: Callable[[Path], None]) -> Path:
     """Run ``build(tmp)`` in a fresh temporary directory, then move it to ``target``."""
-    return _atomic_directory(target, build, marker=SCORES_FILE, kind="report")
+    return _atomic_directory(target, build, "report", REPORT_FILES)
 
 
 def _fmt(value: Optional[float], digits: int = 3) -> str:

@@ -266,14 +266,14 @@ def restrict(batch: Batch, n: int | None) -> Batch:
 
 def run_test_walks(run: Any) -> Batch:
     """The walks a saved run was evaluated on: its test walks (the population in population
-    mode), rebuilt from the run's training config; runs of another trainer get ``n_test`` (1000)
-    walks from the same seed derivation."""
-    from rwinterp.training import TrainConfig, data_seeds, make_data
+    mode), rebuilt from the run's training config without drawing its training walks. A run of
+    another trainer may record other keys too, which are ignored; the keys of a
+    :class:`~rwinterp.training.TrainConfig` it records are checked as any training config's are
+    (the defaults, e.g. 1000 test walks from seed 0, fill in the rest)."""
+    from dataclasses import fields
 
-    try:
-        config = TrainConfig.from_dict(run.train)
-    except (RwinterpError, TypeError):
-        # Only the seed and the test-set size matter here, checked as any training config's are.
-        config = TrainConfig.from_dict({k: run.train[k] for k in ("seed", "n_test") if k in run.train})
-        return run.task.sample(config.n_test, data_seeds(config.seed)[1])
-    return make_data(run.task, config)[1]
+    from rwinterp.training import TrainConfig, test_data
+
+    known = {f.name for f in fields(TrainConfig)}
+    config = TrainConfig.from_dict({k: v for k, v in run.train.items() if k in known})
+    return test_data(run.task, config)

@@ -50,7 +50,7 @@ from probes.config import ProbeConfig
 from probes.stats import point_weights
 from probes.targets import Targets, evaluating, hook_names, model_dims, run_logits, targets_for
 from rwinterp.errors import require
-from rwinterp.metrics import transition_distance
+from rwinterp.metrics import exact_scale, transition_distance
 from rwinterp.model import predict
 from rwinterp.tasks import Batch, Task
 
@@ -100,18 +100,24 @@ def compare_to_transition(C: Float[Tensor, "K K"], Pi: Float[Tensor, "K K"]) -> 
     C = C.detach().to(torch.float64)
     Pi = Pi.to(torch.float64)
     K = Pi.shape[0]
-    norm = float(C.norm())
+    # Sums of squares are taken of C / scale (an exact power-of-two rescaling), so that weights as large
+    # as 1e300 give the same cosines and fit as any other multiple of them.
+    scale = exact_scale(C)
+    unit = C / scale
+    nonzero = bool((C != 0).any())
 
     def cos(a: Tensor, b: Tensor) -> float:
-        return float((a * b).sum() / (a.norm() * b.norm())) if norm > 0 else math.nan
+        a, b = a / exact_scale(a), b / exact_scale(b)
+        return float((a * b).sum() / (a.norm() * b.norm())) if nonzero else math.nan
 
     best = Pi >= Pi.amax(1, keepdim=True) - 1e-12
     agreement = float(best[torch.arange(K), predict(C)].to(torch.float64).mean())
-    a, b = _affine_fit(Pi.flatten().tolist(), C.flatten().tolist())
-    y = C.flatten()
+    a, b = _affine_fit(Pi.flatten().tolist(), unit.flatten().tolist())
+    y = unit.flatten()
     total = float(((y - y.mean()) ** 2).sum())
     resid = float(((y - (a * Pi.flatten() + b)) ** 2).sum())
     r2 = 1.0 - resid / total if total > 1e-24 * max(1.0, float((y**2).sum())) else math.nan
+    a, b = a * scale, b * scale
     logq = torch.log_softmax(C, dim=1)
     kl = float(torch.where(Pi > 0, Pi * (Pi.clamp(min=1e-300).log() - logq), 0.0).sum(1).mean())
     return MatrixComparison(

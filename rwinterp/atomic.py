@@ -1,8 +1,9 @@
 """Write a directory all at once: build it beside its target, then rename it into place.
 
 An interrupted write (an error, Ctrl-C, a full disk) leaves the old directory, or nothing, never a
-half-written one. An existing target is replaced only if it is empty or holds ``marker`` (the file
-that says it is a directory of the same kind, e.g. a run's ``config.json``). Commands call
+half-written one. An existing target is replaced only if it is empty, or if it holds the file that
+marks a directory of the same kind (a run's ``config.json``) and nothing that such a directory does
+not hold: a folder that merely contains a ``config.json`` beside other files is never deleted. Commands call
 :func:`check_target` before their work starts, so that a bad ``--out`` is refused at once rather
 than after minutes of training.
 """
@@ -12,21 +13,30 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from fnmatch import fnmatch
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from rwinterp.errors import RwinterpError, require
 
 
-def check_target(target: str | Path, marker: str, kind: str) -> Path:
-    """Refuse, with a one-line error, a ``target`` that :func:`atomic_directory` could not replace."""
+def check_target(target: str | Path, kind: str, files: Sequence[str]) -> Path:
+    """Refuse, with a one-line error, a ``target`` that :func:`atomic_directory` could not replace.
+
+    ``files``: the names (``fnmatch`` patterns) a directory of this ``kind`` holds; the first is its
+    marker, the file that must be there for an existing, non-empty ``target`` to be replaced.
+    """
     require(str(target) != "", "--out must name a directory")
     target = Path(target)
     if target.exists():
         require(target.is_dir(), f"{target} exists and is not a directory")
         require(target.resolve() != Path.cwd().resolve(), "--out cannot be the current directory (it is replaced)")
-        require((target / marker).exists() or not any(target.iterdir()),
+        entries = sorted(e.name for e in target.iterdir())
+        require(not entries or files[0] in entries,
                 f"{target} exists and is not a {kind} directory; choose another --out")
+        foreign = [e for e in entries if not (target / e).is_file() or not any(fnmatch(e, f) for f in files)]
+        require(not foreign, f"{target} holds what a {kind} directory does not ({', '.join(foreign[:3])}"
+                             f"{', ...' if len(foreign) > 3 else ''}), so it is not replaced; choose another --out")
     ancestor = target.absolute().parent
     while not ancestor.exists():
         ancestor = ancestor.parent
@@ -46,9 +56,10 @@ def publish(tmp: Path, target: Path) -> None:
         tmp.rename(target)
 
 
-def atomic_directory(target: str | Path, build: Callable[[Path], None], marker: str, kind: str) -> Path:
-    """Run ``build(tmp)`` in a fresh temporary sibling of ``target``, then move it to ``target``."""
-    target = check_target(target, marker, kind)
+def atomic_directory(target: str | Path, build: Callable[[Path], None], kind: str, files: Sequence[str]) -> Path:
+    """Run ``build(tmp)`` in a fresh temporary sibling of ``target``, then move it to ``target``
+    (``kind`` and ``files`` as for :func:`check_target`)."""
+    target = check_target(target, kind, files)
     tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         try:

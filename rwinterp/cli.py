@@ -11,7 +11,9 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
+import threading
 from typing import Any, Callable, Sequence
 
 from rwinterp.errors import RwinterpError
@@ -75,7 +77,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--token-norm", type=float, default=None,
                    help="with --normalize-tokens: the length x~ is normalised to (default 1)")
     g.add_argument("--mlp-width", type=int, default=None,
-                   help="FC+ReLU variant with this width m (--model deep: a learned MLP of this width)")
+                   help="FC+ReLU variant with this width m (--model deep: a head of value width d_head = m and a "
+                        "learned MLP of width m; d_head + K must fit in d_model = K + M)")
     g.add_argument("--act-fn", choices=["relu", "linear"], default=None,
                    help="with --mlp-width: the FC layer's activation (default relu; linear: no ReLU, f = A V X S)")
     g.add_argument("--dtype", choices=["float32", "float64"], default="float64", help="default float64")
@@ -170,7 +173,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                    help="shrink the weights by lr * this each step (default 0; gd and sgd: coupled, adamw: decoupled)")
     g.add_argument("--reduction", choices=["mean", "sum"], default="mean",
                    help="the loss averaged (the paper's stated reading) or summed over the training samples")
-    g.add_argument("--n-train", type=int, default=1000, help="training samples, walks or sentences (default 1000)")
+    g.add_argument("--n-train", type=int, default=None,
+                   help="training samples, walks or sentences (default 1000; not with --population)")
     g.add_argument("--n-test", type=int, default=None, help="test samples (default 1000; not with --population)")
     g.add_argument("--population", action="store_true",
                    help="train and evaluate on the exact population of all samples (small N)")
@@ -281,7 +285,8 @@ def make_model(args: argparse.Namespace, task: Any) -> Any:
         from rwinterp.model import WalkTransformer
 
         return WalkTransformer(WalkTransformerConfig(
-            n_states=task.n_states, n_ctx=task.seq_len, pos_dim=args.M or 1000, pos_embedding=args.pe or "orthogonal",
+            n_states=task.n_states, n_ctx=task.seq_len, pos_dim=1000 if args.M is None else args.M,
+            pos_embedding=args.pe or "orthogonal",
             init=args.init or "zero", init_sigma=sigma, mlp_width=args.mlp_width, act_fn=act_fn, seed=args.seed,
             dtype=args.dtype, **_normalisation(args),
         ))
@@ -294,7 +299,7 @@ def make_model(args: argparse.Namespace, task: Any) -> Any:
     if args.preset == "standard":
         cfg = DeepConfig.standard(task.n_states, task.seq_len, deep.pop("d_model", 32), **deep)
     else:
-        cfg = DeepConfig.paper(task.n_states, task.seq_len, args.M or 1000, **deep)
+        cfg = DeepConfig.paper(task.n_states, task.seq_len, 1000 if args.M is None else args.M, **deep)
     # Options the chosen positions would ignore are refused rather than dropped.
     if cfg.pos_mode == "added":
         for flag, given in (("M", args.M), ("d-token", args.d_token)):
@@ -308,18 +313,21 @@ def make_model(args: argparse.Namespace, task: Any) -> Any:
 
 def _train(args: argparse.Namespace) -> int:
     from rwinterp.atomic import check_target
-    from rwinterp.runs import CONFIG_FILE
+    from rwinterp.runs import RUN_FILES
     from rwinterp.training import TrainConfig
 
     if args.out is not None:  # refused now, not after the training
-        check_target(args.out, CONFIG_FILE, "run")
-    if args.population and args.n_test is not None:
-        raise RwinterpError("--n-test does not apply to --population (the test set is the whole population)")
+        check_target(args.out, "run", RUN_FILES)
+    for flag, given in (("n-train", args.n_train), ("n-test", args.n_test)):
+        if args.population and given is not None:
+            raise RwinterpError(f"--{flag} does not apply to --population (it trains and tests on the whole "
+                                "population)")
     task = make_task(args)
     train_cfg = TrainConfig(
         lr=args.lr, eps=args.eps, steps=args.steps, loss=args.loss, optimizer=args.optimizer,
-        batch_size=args.batch_size, weight_decay=args.weight_decay, n_train=args.n_train,
-        n_test=1000 if args.n_test is None else args.n_test, population=args.population, seed=args.seed,
+        batch_size=args.batch_size, weight_decay=args.weight_decay,
+        n_train=1000 if args.n_train is None else args.n_train, n_test=1000 if args.n_test is None else args.n_test,
+        population=args.population, seed=args.seed,
         next_token=args.next_token, reduction=args.reduction,
     )
     if args.population:  # refuse before building the model
@@ -422,13 +430,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if extra:  # reported by the sub-command, whose --help is the one to read
         args._parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    previous = _on_terminate(_terminate)
     try:
         return args._handlers[args.command](args)
+    except _Terminated:
+        sys.stderr.write("rwinterp: terminated\n")
+        return 128 + signal.SIGTERM
     except RwinterpError as exc:
         sys.stderr.write(f"rwinterp: error: {exc}\n")
         return 2
     except (MemoryError, RuntimeError) as exc:
-        if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
+        too_large = ("allocate", "size calculation overflow")
+        if not isinstance(exc, MemoryError) and not any(s in str(exc) for s in too_large):
             raise
         sys.stderr.write("rwinterp: error: not enough memory for the sizes asked for "
                          f"({str(exc).splitlines()[0] if str(exc) else 'MemoryError'})\n")
@@ -444,6 +457,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("rwinterp: interrupted\n")
         return 130
+    finally:
+        _on_terminate(previous)
+
+
+class _Terminated(BaseException):
+    """SIGTERM (``kill``, a timeout) while a command runs: unwound like Ctrl-C, so that what it was
+    writing (a run, a report, a reproduction's scratch directory) is removed, not left half-written."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
+def _on_terminate(handler: Any) -> Any:
+    """Install ``handler`` for SIGTERM and return the one it replaces (nothing off the main thread,
+    where Python cannot handle signals)."""
+    if handler is None or threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler)
 
 
 if __name__ == "__main__":

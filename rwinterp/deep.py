@@ -93,6 +93,8 @@ from rwinterp.model import (HookedWalkModel, SymmetricReadout, WalkBlock, WalkTr
                             with_gradient)
 from rwinterp.runs import ModelKind, register_model_kind
 
+#: The most layers, and the most heads per layer, a deep model may have.
+MAX_LAYERS_OR_HEADS = 256
 CHOICES = {
     "pos_mode": ("concat", "added"),
     "pos_embedding": ("orthogonal", "sine", "learned"),
@@ -144,6 +146,9 @@ class DeepConfig(LibraryConfig):
                                  ("the number of heads", self.n_heads, 1)):
             require(isinstance(value, int) and not isinstance(value, bool) and value >= low,
                     f"{name} must be an integer >= {low}, got {value}")
+        for name, value in (("layers", self.n_layers), ("heads", self.n_heads)):
+            require(value <= MAX_LAYERS_OR_HEADS,
+                    f"a deep model takes at most {MAX_LAYERS_OR_HEADS} {name}, got {value}")
         concat = self.pos_mode == "concat"
         if concat:
             d_token = K if self.token_embedding == "onehot" or self.d_token is None else self.d_token
@@ -180,8 +185,9 @@ class DeepConfig(LibraryConfig):
                 f"d_head must be a positive integer, got {self.d_head}")
         if self.readout == "fixed":
             require(self.d_head <= self.d_model and K <= self.d_model,
-                    f"the fixed readout needs d_head <= d_model and K <= d_model (got d_head={self.d_head}, "
-                    f"K={K}, d_model={self.d_model})")
+                    f"the fixed readout needs d_head <= d_model and K <= d_model (got d_head={self.d_head}"
+                    f"{', set by the mlp width' if self.d_head == self.mlp_width else ''}, K={K}, "
+                    f"d_model={self.d_model})")
         require(isinstance(self.attn_scale, (int, float)) and math.isfinite(self.attn_scale) and self.attn_scale > 0,
                 f"attn_scale must be positive, got {self.attn_scale}")
         self.d_mlp = self.mlp_width

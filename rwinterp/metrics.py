@@ -33,14 +33,24 @@ def parent_attention(
     return float(average(on_parent, weights))
 
 
+def exact_scale(x: Tensor) -> float:
+    """A power of two near ``max |x|`` (1 for a zero or non-finite ``x``). Dividing by it is exact, and
+    keeps sums of squares finite for weights as large as 1e300 (whose norm overflows) or as small as
+    1e-300 (whose squares underflow)."""
+    top = float(x.abs().max()) if x.numel() else 0.0
+    return math.ldexp(1.0, math.frexp(top)[1]) if top > 0 and math.isfinite(top) else 1.0
+
+
 def normalized(matrix: Tensor) -> Tensor:
+    """``matrix / ||matrix||_F``, computed without overflow (:func:`exact_scale`)."""
+    matrix = matrix / exact_scale(matrix)
     return matrix / matrix.norm()
 
 
 def transition_distance(V: Float[Tensor, "K K"], Pi: Float[Tensor, "K K"]) -> float:
     """The paper's ``|| V/||V||_F - Pi^T/||Pi^T||_F ||_F`` (NaN when V = 0). In [0, 2]."""
     V = V.detach().to(torch.float64)
-    if float(V.norm()) == 0.0:
+    if not bool((V != 0).any()):
         return math.nan
     Pi_T = Pi.to(torch.float64).T
     return float((normalized(V) - normalized(Pi_T)).norm())

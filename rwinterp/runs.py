@@ -32,6 +32,8 @@ FORMAT = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 HISTORY_FILE = "history.json"
+#: What a run directory holds (its marker first): an existing --out is replaced only if it holds no more.
+RUN_FILES = (CONFIG_FILE, WEIGHTS_FILE, HISTORY_FILE)
 
 
 @dataclass
@@ -110,7 +112,7 @@ def save_run(
     summary: dict[str, Any],
 ) -> Path:
     """Write a run atomically; returns its path."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     kind = model_kind_of(model)
     config = {
@@ -123,11 +125,11 @@ def save_run(
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
 
     def build(tmp: Path) -> None:
-        save_file(state, str(tmp / WEIGHTS_FILE))
+        (tmp / WEIGHTS_FILE).write_bytes(save(state))  # (save_file would make it readable by its owner only)
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
         (tmp / HISTORY_FILE).write_text(json.dumps({"summary": summary, "history": history}, indent=1))
 
-    return atomic_directory(directory, build, marker=CONFIG_FILE, kind="run")
+    return atomic_directory(directory, build, "run", RUN_FILES)
 
 
 def _read_json(path: Path) -> Any:
@@ -144,6 +146,7 @@ def load_run(directory: str | os.PathLike) -> Run:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    require(str(directory) != "", "not a run directory: the name is empty")
     path = Path(directory)
     require(path.is_dir(), f"not a run directory: {path} does not exist or is not a directory")
     config = _read_json(path / CONFIG_FILE)

@@ -326,7 +326,7 @@ class CircleWalk(MarkovChain):
     def __init__(self, K: int, p: float, N: int):
         require(isinstance(K, int) and K >= 3, f"K must be an integer >= 3, got {K}")
         require(isinstance(p, (int, float)) and 0.0 <= float(p) <= 1.0,
-                f"p must lie in [0, 1], got {p}")
+                f"p must be a number in [0, 1], got {p!r}")
         self.K = K
         self.p = float(p)
         super().__init__(circle_transition(K, self.p), N)

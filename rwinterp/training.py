@@ -41,6 +41,10 @@ OPTIMIZERS = ("gd", "sgd", "adamw")
 REDUCTIONS = ("mean", "sum")
 
 
+#: The most training steps a config accepts (far beyond any run here; larger counts are typos).
+MAX_STEPS = 10**8
+
+
 @dataclass
 class TrainConfig:
     """How to train. Defaults are the paper's (Fig 4: lr 1, eps 0.1, 50 steps, 1000/1000 walks)."""
@@ -64,7 +68,8 @@ class TrainConfig:
                 f"lr must be positive and finite, got {self.lr}")
         require(isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps > 0,
                 f"eps must be positive and finite, got {self.eps}")
-        require(isinstance(self.steps, int) and self.steps >= 0, f"steps must be >= 0, got {self.steps}")
+        require(isinstance(self.steps, int) and 0 <= self.steps <= MAX_STEPS,
+                f"steps must be in [0, {MAX_STEPS}], got {self.steps}")
         require(self.loss in losses.LOSSES, f"loss must be one of {', '.join(losses.LOSSES)}, got {self.loss!r}")
         require(self.optimizer in OPTIMIZERS,
                 f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
@@ -75,6 +80,8 @@ class TrainConfig:
                 "a batch size needs --optimizer sgd or adamw (gd is full-batch gradient descent)")
         require_seed(self.seed)
         require(self.n_train >= 1 and self.n_test >= 1, "n-train and n-test must be >= 1")
+        require(self.batch_size is None or self.population or self.batch_size <= self.n_train,
+                f"batch size {self.batch_size} is larger than the {self.n_train} training samples")
         require(self.reduction in REDUCTIONS,
                 f"reduction must be one of {', '.join(REDUCTIONS)}, got {self.reduction!r}")
         require(not (self.population and self.optimizer == "sgd"),
@@ -120,8 +127,14 @@ def make_data(task: Task, config: TrainConfig) -> tuple[Batch, Batch]:
     if config.population:
         pop = task.population()
         return pop, pop
-    train_seed, test_seed = data_seeds(config.seed)
-    return task.sample(config.n_train, train_seed), task.sample(config.n_test, test_seed)
+    return task.sample(config.n_train, data_seeds(config.seed)[0]), test_data(task, config)
+
+
+def test_data(task: Task, config: TrainConfig) -> Batch:
+    """The test data of :func:`make_data` alone (the training walks are not drawn)."""
+    if config.population:
+        return task.population()
+    return task.sample(config.n_test, data_seeds(config.seed)[1])
 
 
 def logits_and_pattern(model: WalkTransformer, tokens: torch.Tensor, store: dict) -> torch.Tensor:

@@ -318,6 +318,8 @@ def test_cli_trains_a_deep_model_on_a_chain_and_a_fresh_process_loads_it(tmp_pat
 
 @pytest.mark.parametrize("args, message", [
     (["--layers", "2"], "--layers needs --model deep"),
+    (["--model", "deep", "--heads", "100000"], "a deep model takes at most 256 heads, got 100000"),
+    (["--model", "deep", "--layers", "257"], "a deep model takes at most 256 layers, got 257"),
     (["--q", "0.7"], "--q does not apply to --task circle"),
     (["--task", "torus"], "--task torus needs --rows and --cols"),
     (["--task", "torus", "--rows", "2", "--cols", "3", "--K", "5"], "a 2 x 3 torus has K = 6 states, not 5"),

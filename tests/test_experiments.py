@@ -150,6 +150,24 @@ def test_a_claims_measured_explanation_is_added_to_its_note_only_when_it_fails()
     assert out[2].error is None and "ValueError: no run" in out[2].note
 
 
+def test_a_terminated_reproduction_leaves_nothing_behind(tmp_path):
+    """SIGTERM (kill, a timeout) unwinds like Ctrl-C: the scratch directory of figures goes with it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "rwinterp.cli", "reproduce", "4", "--reduced", "--jobs", "1",
+                             "--out", str(tmp_path / "rr"), "--no-progress"], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(p.name.startswith(".reproduce-") for p in tmp_path.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM and err.strip() == "rwinterp: terminated"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_records_merge_steps_and_quantities():
     a, b = Record(("V",), at=(1, 5)), Record(("attention",), at=(5, 9))
     merged = a.merged(b)
@@ -168,7 +186,10 @@ def test_unknown_figures_and_quantities_are_one_line_errors(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("rwinterp: error: unknown figure 'nope'")
     assert main(["reproduce", "4", "--jobs", "0", "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     assert capsys.readouterr().err.strip() == "rwinterp: error: --jobs must be at least 1, got 0"
+    assert main(["reproduce", "all", "--list", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip() == "rwinterp: error: --list takes no figures, --out or --reduced"
     assert not (tmp_path / "o").exists()
+    assert main(["reproduce", "--list"]) == 0 and " 13  random initialisation" in capsys.readouterr().out
     # A folder nothing can be written into is named in the error, not the scratch folder inside it.
     assert main(["reproduce", "2", "--out", "/proc/rwinterp-o", "--no-progress"]) == 2
     err = capsys.readouterr().err
@@ -180,6 +201,10 @@ def test_unknown_figures_and_quantities_are_one_line_errors(tmp_path, capsys):
     assert main(["reproduce", "2", "--out", str(tmp_path / "other"), "--no-progress"]) == 2
     assert "is not a reproduction directory" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "other").iterdir()] == ["keep"]
+    (tmp_path / "other" / "results.json").write_text("[]")
+    assert main(["reproduce", "2", "--out", str(tmp_path / "other"), "--no-progress"]) == 2
+    assert "holds what a reproduction directory does not (keep)" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["keep", "results.json"]
     out = tmp_path / "repro"
     assert main(["reproduce", "2", "--out", str(out), "--no-progress"]) == 0
     (out / "figXX.png").write_text("stale")

@@ -147,7 +147,7 @@ def test_probes_change_neither_weights_nor_modes(trained_paper_models):
     model.train()
     model.blocks[0].attn.eval()  # a mixed state must come back as it was
     try:
-        scorecard(model, task, task.sample(30, 3), ProbeConfig(progress=False, bootstrap=10, gradient_walks=10))
+        scorecard(model, task, task.sample(30, 3), ProbeConfig(progress=False, bootstrap=40, gradient_walks=10))
         assert model.training and model.blocks[0].training and not model.blocks[0].attn.training
     finally:
         model.eval()

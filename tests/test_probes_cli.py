@@ -9,7 +9,7 @@ import pytest
 from rwinterp.cli import main
 
 SMALL = ["--K", "5", "--N", "9", "--M", "16", "--n-train", "200", "--n-test", "80"]
-FAST = ["--walks", "60", "--bootstrap", "20", "--gradient-walks", "10", "--no-progress"]
+FAST = ["--walks", "60", "--bootstrap", "40", "--gradient-walks", "10", "--no-progress"]
 REQUIRED = ["parent_attention", "parent_argmax_rate", "patching.parent_effect", "patching.localization",
             "patching.necessity", "patching.sufficiency", "transition.distance", "transition.cosine",
             "accuracy", "bayes_accuracy"]
@@ -70,7 +70,13 @@ def test_compare_two_runs(runs, capsys):
     (["probe", "{root}/missing", "--out", "{root}/r1"], "not a run directory"),
     (["probe", "{root}/a", "--out", "{root}/a"], "not a report directory"),
     (["probe", "{root}/a", "--out", "{root}/r2", "--walks", "1"], "--walks must be >= 2"),
-    (["probe", "{root}/a", "--out", "{root}/r3", "--seeds", "0", "--baseline", "random"], "--seeds must be >= 1"),
+    (["probe", "{root}/a", "--out", "{root}/r3", "--seeds", "0", "--baseline", "random"],
+     "--seeds must be in [1, 1000], got 0"),
+    (["probe", "{root}/a", "--out", "{root}/r3", "--seeds", "100000000", "--baseline", "random"],
+     "--seeds must be in [1, 1000]"),
+    (["probe", "{root}/a", "--out", "{root}/r4", "--bootstrap", "1"],
+     "bootstrap must be 0 (no intervals) or at least 40 resamples for a 95% interval, got 1"),
+    (["probe", "", "--out", "{root}/r5"], "not a run directory: the name is empty"),
 ])
 def test_bad_input_is_one_line_and_exit_2(runs, capsys, args, message):
     capsys.readouterr()
@@ -86,6 +92,10 @@ def test_bad_input_is_one_line_and_exit_2(runs, capsys, args, message):
     (lambda c: c["model"].update(seed=-3), "seed must be an integer in [0, 2^63 - 1], got -3"),
     (lambda c: c["model"].update(dtype="float32"), "is torch.float64, the config says torch.float32"),
     ("nan", "non-finite weights in"),
+    # The training keys a run records are checked, whatever else it records (a run of another trainer).
+    (lambda c: c["train"].update(lr=float("nan"), other_trainer_key=1), "lr must be positive and finite, got nan"),
+    (lambda c: c["train"].update(population="false"), "population must be a JSON bool"),
+    (lambda c: c["train"].update(n_test=0), "n-train and n-test must be >= 1"),
 ])
 def test_a_corrupted_run_is_refused_in_one_line(runs, tmp_path, capsys, corrupt, message):
     """Hand-edited or damaged runs: wrong JSON types, seeds out of range, weights of another dtype or with

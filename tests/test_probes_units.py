@@ -170,6 +170,13 @@ def test_comparisons_of_a_matrix_with_pi():
     ones = compare_to_transition(torch.ones(6, 6, dtype=torch.float64), Pi)
     assert ones.ones_cosine == pytest.approx(1) and math.isnan(ones.r2)
     assert math.isnan(compare_to_transition(torch.zeros(6, 6, dtype=torch.float64), Pi).distance)
+    # Weights so large (or small) that their norm overflows (or their squares underflow) compare as any
+    # multiple of them does.
+    for size in (1e300, 1e-300):
+        huge = compare_to_transition((3 * Pi + 2) * size, Pi)
+        assert huge.cosine == pytest.approx(fit.cosine) and huge.ones_cosine == pytest.approx(fit.ones_cosine)
+        assert huge.distance == pytest.approx(fit.distance) and huge.r2 == pytest.approx(1)
+        assert (huge.affine_a, huge.affine_b) == (pytest.approx(3 * size), pytest.approx(2 * size))
 
 
 def test_the_affine_fit_is_least_squares_and_the_same_to_the_last_bit_for_any_memory_layout():

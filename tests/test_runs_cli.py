@@ -15,8 +15,8 @@ from rwinterp.training import TrainConfig, train
 from tests.conftest import paper_model
 
 SMALL = ["--K", "5", "--N", "9", "--M", "16", "--steps", "3", "--n-train", "50", "--n-test", "50"]
-#: The same on the whole population (whose test set is the population: no --n-test).
-POPULATION = [*SMALL[:-2], "--population"]
+#: The same on the whole population (which is both the training and the test set: no --n-train, --n-test).
+POPULATION = [*SMALL[:-4], "--population"]
 
 
 def test_save_and_load_give_identical_outputs(tmp_path):
@@ -65,7 +65,7 @@ def test_cli_train_json_and_run_directory(tmp_path, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--p", "1.5"], "p must lie in [0, 1]"),
+        (["--p", "1.5"], "p must be a number in [0, 1], got 1.5"),
         (["--K", "2"], "K must be an integer >= 3"),
         (["--N", "1"], "N must be an integer >= 2"),
         (["--M", "5"], "M >= N"),
@@ -88,6 +88,10 @@ def test_cli_train_json_and_run_directory(tmp_path, capsys):
         (["--batch-size", "10"], "a batch size needs --optimizer sgd or adamw"),
         (["--pe", "learned"], "--pe learned needs --model deep"),
         (["--n-test", "20", "--population"], "--n-test does not apply to --population"),
+        (["--n-train", "20", "--population"], "--n-train does not apply to --population"),
+        (["--M", "0"], "M must be a positive integer, got 0"),
+        (["--steps", str(10**20)], "steps must be in [0, 100000000]"),
+        (["--optimizer", "sgd", "--batch-size", "51"], "batch size 51 is larger than the 50 training samples"),
         (["--out", ""], "--out must name a directory"),
         (["--model", "deep", "--d-model", "16"], "--d-model applies to added positions"),
         (["--init", "gaussian", "--sigma", "5"], "the loss -log(f_y + eps) is undefined at initialisation"),
@@ -104,6 +108,14 @@ def test_cli_bad_input_is_one_line(args, message, capsys):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_sizes_too_large_to_compute_are_one_line(capsys):
+    """A transition matrix whose size overflows torch's storage arithmetic (10^10 x 10^10 states)."""
+    argv = ["train", "--task", "torus", "--rows", "100000", "--cols", "100000", "--N", "8", "--M", "16"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rwinterp: error: not enough memory") and err.count("\n") == 1
+
+
 def test_a_bad_out_is_refused_before_the_work(tmp_path, capsys):
     """Nothing is trained or probed, and nothing written, when --out could not take the result."""
     (tmp_path / "other").mkdir()
@@ -117,6 +129,15 @@ def test_a_bad_out_is_refused_before_the_work(tmp_path, capsys):
         assert main([*command, "--out", str(tmp_path / "other"), "--no-progress"]) == 2
         captured = capsys.readouterr()
         assert captured.out == "" and "is not a report directory" in captured.err
+    # A folder that merely holds the marker file beside other things is not a run or report: nothing in it is
+    # deleted.
+    (tmp_path / "other" / "config.json").write_text("{}")
+    (tmp_path / "other" / "scores.json").write_text("{}")
+    for command, kind in ((["train", *SMALL], "run"), (["probe", str(tmp_path / "run"), "--no-progress"], "report")):
+        assert main([*command, "--out", str(tmp_path / "other")]) == 2
+        captured = capsys.readouterr()
+        assert f"holds what a {kind} directory does not (" in captured.err and captured.out == ""
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["config.json", "keep", "scores.json"]
     assert main(["probe", str(tmp_path / "run"), "--out", str(tmp_path / "r"), "--walks", "51"]) == 2
     assert "--walks 51, but" in capsys.readouterr().err and not (tmp_path / "r").exists()
     assert main(["probe", str(tmp_path / "run"), "--out", str(tmp_path / "r"), "--seeds", "3"]) == 2
@@ -236,7 +257,7 @@ def test_unreadable_and_mismatched_runs(tmp_path):
 def test_console_module_reports_one_line_errors():
     proc = subprocess.run([sys.executable, "-m", "rwinterp.cli", "train", "--p", "2"],
                           capture_output=True, text=True)
-    assert proc.returncode == 2 and proc.stderr.strip() == "rwinterp: error: p must lie in [0, 1], got 2.0"
+    assert proc.returncode == 2 and proc.stderr.strip() == "rwinterp: error: p must be a number in [0, 1], got 2.0"
 
 
 def test_a_reader_that_stops_reading_ends_the_command_quietly():

@@ -102,7 +102,7 @@ def test_population_too_large_is_refused():
 
 @pytest.mark.parametrize(
     "args, message",
-    [((2, 0.5, 10), "K must be"), ((6, 1.5, 10), "p must lie"), ((6, -0.1, 10), "p must lie"),
+    [((2, 0.5, 10), "K must be"), ((6, 1.5, 10), "p must be a number in"), ((6, -0.1, 10), "p must be a number in"),
      ((6, 0.5, 1), "N must be")],
 )
 def test_bad_circle_parameters(args, message):
