@@ -39,7 +39,6 @@ from experiments.spec import (QUANTITIES, Check, ClaimResult, FigureSpec, Result
 from rwinterp.atomic import check_target, publish
 from rwinterp.errors import RwinterpError, require
 
-#: The file that marks a reproduction's directory: another ``--out`` into it replaces it whole.
 #: What a reproduction directory holds (its marker first): an existing --out is replaced only if it holds no more.
 REPORT_FILES = ("results.json", "runs.json", "REPRODUCTION.md", "*.png")
 

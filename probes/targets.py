@@ -272,8 +272,8 @@ def run_test_walks(run: Any) -> Batch:
     (the defaults, e.g. 1000 test walks from seed 0, fill in the rest)."""
     from dataclasses import fields
 
-    from rwinterp.training import TrainConfig, test_data
+    from rwinterp.training import TrainConfig, held_out_data
 
     known = {f.name for f in fields(TrainConfig)}
     config = TrainConfig.from_dict({k: v for k, v in run.train.items() if k in known})
-    return test_data(run.task, config)
+    return held_out_data(run.task, config)

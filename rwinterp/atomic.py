@@ -3,9 +3,9 @@
 An interrupted write (an error, Ctrl-C, a full disk) leaves the old directory, or nothing, never a
 half-written one. An existing target is replaced only if it is empty, or if it holds the file that
 marks a directory of the same kind (a run's ``config.json``) and nothing that such a directory does
-not hold: a folder that merely contains a ``config.json`` beside other files is never deleted. Commands call
-:func:`check_target` before their work starts, so that a bad ``--out`` is refused at once rather
-than after minutes of training.
+not hold: a folder that merely contains a ``config.json`` beside other files is never deleted.
+Commands call :func:`check_target` before their work starts, so that a bad ``--out`` is refused at
+once rather than after minutes of training.
 """
 
 from __future__ import annotations

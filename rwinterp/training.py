@@ -127,10 +127,10 @@ def make_data(task: Task, config: TrainConfig) -> tuple[Batch, Batch]:
     if config.population:
         pop = task.population()
         return pop, pop
-    return task.sample(config.n_train, data_seeds(config.seed)[0]), test_data(task, config)
+    return task.sample(config.n_train, data_seeds(config.seed)[0]), held_out_data(task, config)
 
 
-def test_data(task: Task, config: TrainConfig) -> Batch:
+def held_out_data(task: Task, config: TrainConfig) -> Batch:
     """The test data of :func:`make_data` alone (the training walks are not drawn)."""
     if config.population:
         return task.population()

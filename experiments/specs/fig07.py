@@ -21,6 +21,6 @@ SPEC = qa_figure(
                              "drawn from each seed); panel (e)")],
     extra_panels=[seed_panel("(e) task 1: test accuracy by seed")],
     caption_note=("Both hold here; (e): task 1 is learned for every seed. With large-norm x~ (not normalised), "
-                  "PAPER.md section 5 saw the two tasks come out reversed; here neither is learned: task 1 falls "
-                  "to 0 (the model answers every list with a word that is not a fruit) and task 2 stays at 50%."),
+                  "PAPER.md section 5 saw the two tasks come out reversed; here neither is learned: task 1 stays "
+                  "at 0 (the model answers every list with a word that is not a fruit) and task 2 at 50%."),
 )
