@@ -56,7 +56,7 @@ HEADLINE = (
 
 #: What each headline score means, for the report.
 MEANING = {
-    "accuracy": "share of test predictions that are correct",
+    "accuracy": "share of test predictions that are correct (a model that predicts at every position: all of them)",
     "bayes_accuracy": "accuracy of the best possible predictor",
     "parent_attention": "mean attention on the parent position(s)",
     "parent_argmax_rate": "how often the most-attended position is a parent",

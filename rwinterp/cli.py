@@ -374,8 +374,10 @@ def _train(args: argparse.Namespace) -> int:
     print(f"training    {train_cfg.optimizer} lr={train_cfg.lr} eps={train_cfg.eps} steps={train_cfg.steps} "
           f"loss={train_cfg.loss}{' (summed)' if train_cfg.reduction == 'sum' else ''}"
           f"{' next-token' if train_cfg.next_token else ''} ({result.train_seconds:.2f} s)")
+    # (a next-token model is scored here on the label alone; the probes score every position it predicts)
+    on_label = "  (on the label, the last position)" if train_cfg.next_token else ""
     print(f"accuracy    test {summary['test_accuracy']:.4f}  train {summary['train_accuracy']:.4f}  "
-          f"Bayes {summary['bayes_accuracy']:.4f}")
+          f"Bayes {summary['bayes_accuracy']:.4f}{on_label}")
     print(f"attention   mean on the parent(s) (position {parents}, 1-indexed): {summary['parent_attention']:.4f}")
     for layer, heads in enumerate(summary.get("parent_attention_heads", [])):
         print(f"   layer {layer}: " + "  ".join(f"head {h} {a:.4f}" for h, a in enumerate(heads)))
