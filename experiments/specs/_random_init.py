@@ -497,7 +497,7 @@ def outcome(results: Results, reading: Reading) -> str:
                       if math.isfinite(broke) else
                       f"p = 1 keeps its symmetry (variance <= {BROKEN_VARIANCE}) for all "
                       f"{results[name].history[-1]['step']} steps")
-                     + (f" and reaches 100% at step {full:g}" if math.isfinite(full)
+                     + (f", and it reaches 100% at step {full:g}" if math.isfinite(full)
                         else f", its best accuracy {max_accuracy(results, name):.3f}"))
     return f"What this reading's runs did: {'; '.join(parts)}."
 
