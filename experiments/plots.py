@@ -37,9 +37,10 @@ REF_STYLES = ("--", ":", "-.")
 DASHES = ((0, (6, 2)), (0, (2, 2)), (0, (6, 2, 2, 2)), (0, (1, 3)))
 
 
-def _refs(ax: Any, panel: Panel) -> None:
-    for i, (label, value) in enumerate(panel.ref.items()):
-        ax.axhline(value, ls=REF_STYLES[i % len(REF_STYLES)], color="0.35", lw=1, label=label)
+def draw_refs(ax: Any, refs: dict[str, float]) -> list[Any]:
+    """Horizontal reference lines (label -> value) in grey, one style of :data:`REF_STYLES` each; the lines."""
+    return [ax.axhline(value, ls=REF_STYLES[i % len(REF_STYLES)], color="0.35", lw=1, label=label)
+            for i, (label, value) in enumerate(refs.items())]
 
 
 def _line(ax: Any, panel: Panel, results: Results) -> str:
@@ -65,7 +66,7 @@ def _line(ax: Any, panel: Panel, results: Results) -> str:
         else:
             ax.plot(x, y, style, label=label, color=colour, lw=1.6, ms=3)
         xs.append(x)
-    _refs(ax, panel)
+    draw_refs(ax, panel.ref)
     if panel.logx and any(np.any(x > 0) for x in xs):
         ax.set_xscale("log")  # (a panel with no points, such as a run too short for its events, stays linear)
     if panel.logy:
@@ -159,7 +160,7 @@ def _bar(ax: Any, panel: Panel, results: Results) -> str:
         rotation = panel.options.get("rotation", 0)
         ax.set_xticklabels(labels, rotation=rotation, fontsize=7, ha="right" if rotation else "center",
                            rotation_mode="anchor")
-    _refs(ax, panel)
+    draw_refs(ax, panel.ref)
     if panel.ref:
         ax.legend(fontsize=7)
     if panel.logy:

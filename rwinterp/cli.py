@@ -275,6 +275,7 @@ def make_model(args: argparse.Namespace, task: Any) -> Any:
             raise RwinterpError(f"--{flag} {value} needs --model deep")
     act_fn = args.act_fn or "relu"
     sigma = 0.01 if args.sigma is None else args.sigma
+    M = 1000 if args.M is None else args.M  # the paper's (its positions may ignore it: refused below)
     deep = {field: getattr(args, name) for name, field in DEEP_OPTIONS.items() if getattr(args, name) is not None}
     if args.model == "paper":
         given = [name for name in DEEP_OPTIONS if getattr(args, name) is not None]
@@ -285,8 +286,7 @@ def make_model(args: argparse.Namespace, task: Any) -> Any:
         from rwinterp.model import WalkTransformer
 
         return WalkTransformer(WalkTransformerConfig(
-            n_states=task.n_states, n_ctx=task.seq_len, pos_dim=1000 if args.M is None else args.M,
-            pos_embedding=args.pe or "orthogonal",
+            n_states=task.n_states, n_ctx=task.seq_len, pos_dim=M, pos_embedding=args.pe or "orthogonal",
             init=args.init or "zero", init_sigma=sigma, mlp_width=args.mlp_width, act_fn=act_fn, seed=args.seed,
             dtype=args.dtype, **_normalisation(args),
         ))
@@ -299,7 +299,7 @@ def make_model(args: argparse.Namespace, task: Any) -> Any:
     if args.preset == "standard":
         cfg = DeepConfig.standard(task.n_states, task.seq_len, deep.pop("d_model", 32), **deep)
     else:
-        cfg = DeepConfig.paper(task.n_states, task.seq_len, 1000 if args.M is None else args.M, **deep)
+        cfg = DeepConfig.paper(task.n_states, task.seq_len, M, **deep)
     # Options the chosen positions would ignore are refused rather than dropped.
     if cfg.pos_mode == "added":
         for flag, given in (("M", args.M), ("d-token", args.d_token)):
@@ -325,10 +325,10 @@ def _train(args: argparse.Namespace) -> int:
     task = make_task(args)
     train_cfg = TrainConfig(
         lr=args.lr, eps=args.eps, steps=args.steps, loss=args.loss, optimizer=args.optimizer,
-        batch_size=args.batch_size, weight_decay=args.weight_decay,
-        n_train=1000 if args.n_train is None else args.n_train, n_test=1000 if args.n_test is None else args.n_test,
-        population=args.population, seed=args.seed,
+        batch_size=args.batch_size, weight_decay=args.weight_decay, population=args.population, seed=args.seed,
         next_token=args.next_token, reduction=args.reduction,
+        # (the sizes, when given: TrainConfig's defaults are the paper's 1000 and 1000)
+        **{k: v for k, v in (("n_train", args.n_train), ("n_test", args.n_test)) if v is not None},
     )
     if args.population:  # refuse before building the model
         from rwinterp.tasks import check_population_size

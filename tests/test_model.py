@@ -66,7 +66,9 @@ def test_W_maps_the_query_to_u_and_is_drawn_at_the_papers_scale(init):
     train(model, task, TrainConfig(lr=1.0, steps=3, n_train=64, n_test=16), progress=False)
     q = model.query_vector()
     assert torch.allclose(model.W @ q, model.u, rtol=1e-12, atol=1e-15)
-    assert init == "gaussian" or torch.linalg.matrix_rank(model.W) == 1
+    if init == "zero":
+        assert torch.linalg.matrix_rank(model.W) == 1
+        return
     # Large enough (d_model 3006) for the standard deviation to be measured to about 1.3%.
     big = WalkTransformer(WalkTransformerConfig(n_states=6, n_ctx=9, pos_dim=3000, init="gaussian",
                                                 init_sigma=0.01, seed=0))

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -506,9 +507,7 @@ def outcome(results: Results, reading: Reading) -> str:
 def fig6_claims(reading: Reading) -> list[Claim]:
     p05, p1 = run_name(reading, 0.5), run_name(reading, 1.0)
     tag = f"[{reading.name}] "
-
-    def why(r: Results) -> str:
-        return outcome(r, reading)
+    why = partial(outcome, reading=reading)
 
     def kl_why(key: str) -> Callable[[Results], str]:
         return lambda r: f"{kl_steps(r, reading, key)} {outcome(r, reading)}"
@@ -560,10 +559,7 @@ def kl_why_claims(reading: Reading) -> list[Claim]:
 def fig11_claims(reading: Reading) -> list[Claim]:
     run = run_name(reading, 0.5)
     tag = f"[{reading.name}] "
-
-    def why(r: Results) -> str:
-        return outcome(r, reading)
-
+    why = partial(outcome, reading=reading)
     return [
         Claim(tag + "V recovers Pi^T: in every column the +1 and -1 neighbours hold the largest entries",
               Computed(lambda r: neighbours_dominate(r[run].final["V"], 0.5)), is_true(), note=reading.about,
@@ -617,10 +613,10 @@ def fig13_claims(reading: Reading) -> list[Claim]:
               f"(first step with variance > {BROKEN_VARIANCE})",
               Computed(lambda r: breaking_step(r, run)), between(*ABOUT_700),
               note="'about 700' read as 600 to 1000 (the paper shows 700 still symmetric and 1000 broken)",
-              why=lambda r: outcome(r, reading)),
+              why=partial(outcome, reading=reading)),
         Claim(tag + f"at step 1000 one token of the example walk receives much more weight (> {MUCH_MORE_WEIGHT})",
               Computed(lambda r: top_token_weight(r, run, 1000)), at_least(MUCH_MORE_WEIGHT),
-              note="uniform attention gives every token 1/6", why=lambda r: outcome(r, reading)),
+              note="uniform attention gives every token 1/6", why=partial(outcome, reading=reading)),
     ]
 
 

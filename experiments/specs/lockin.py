@@ -49,6 +49,8 @@ def grouped(key, legend: bool = False, ref: dict[str, float] | None = None):
     def draw(ax, results: Results) -> None:
         import seaborn as sns
 
+        from experiments.plots import draw_refs
+
         x = np.arange(len(SEEDS))
         width = 0.8 / len(SIZES)
         for i, (n, colour) in enumerate(zip(SIZES, sns.color_palette("colorblind"))):
@@ -57,7 +59,7 @@ def grouped(key, legend: bool = False, ref: dict[str, float] | None = None):
         ax.set_xticks(x)
         ax.set_xticklabels([str(s) for s in SEEDS])
         ax.axhline(0, color="0.3", lw=0.8)
-        lines = [ax.axhline(value, ls="--", color="0.35", lw=1, label=label) for label, value in (ref or {}).items()]
+        lines = draw_refs(ax, ref or {})
         if legend:
             ax.legend(fontsize=7)
         elif lines:
