@@ -37,6 +37,16 @@ REF_STYLES = ("--", ":", "-.")
 DASHES = ((0, (6, 2)), (0, (2, 2)), (0, (6, 2, 2, 2)), (0, (1, 3)))
 
 
+def resolved(value: Any, results: Results) -> Any:
+    """A panel field that may be a source (a callable of the results): its value for these results."""
+    return value(results) if callable(value) else value
+
+
+def panel_refs(panel: Panel, results: Results) -> dict[str, float]:
+    """The panel's reference lines, label -> value, with sources resolved."""
+    return {label: resolved(value, results) for label, value in panel.ref.items()}
+
+
 def draw_refs(ax: Any, refs: dict[str, float]) -> list[Any]:
     """Horizontal reference lines (label -> value) in grey, one style of :data:`REF_STYLES` each; the lines."""
     return [ax.axhline(value, ls=REF_STYLES[i % len(REF_STYLES)], color="0.35", lw=1, label=label)
@@ -66,7 +76,7 @@ def _line(ax: Any, panel: Panel, results: Results) -> str:
         else:
             ax.plot(x, y, style, label=label, color=colour, lw=1.6, ms=3)
         xs.append(x)
-    draw_refs(ax, panel.ref)
+    draw_refs(ax, panel_refs(panel, results))
     if panel.logx and any(np.any(x > 0) for x in xs):
         ax.set_xscale("log")  # (a panel with no points, such as a run too short for its events, stays linear)
     if panel.logy:
@@ -160,7 +170,7 @@ def _bar(ax: Any, panel: Panel, results: Results) -> str:
         rotation = panel.options.get("rotation", 0)
         ax.set_xticklabels(labels, rotation=rotation, fontsize=7, ha="right" if rotation else "center",
                            rotation_mode="anchor")
-    draw_refs(ax, panel.ref)
+    draw_refs(ax, panel_refs(panel, results))
     if panel.ref:
         ax.legend(fontsize=7)
     if panel.logy:
@@ -251,7 +261,7 @@ def render(fig: FigureSpec, results: Results, out_dir: Path) -> tuple[str | None
         try:
             suffix = DRAWERS[panel.kind](ax, panel, results)
             _title(ax, panel.title + suffix, w)
-            ax.set_xlabel(panel.xlabel, fontsize=8)
+            ax.set_xlabel(resolved(panel.xlabel, results), fontsize=8)
             ax.set_ylabel(panel.ylabel, fontsize=8)
             if panel.ylim is not None:
                 ax.set_ylim(*panel.ylim)

@@ -300,6 +300,8 @@ class Panel:
     ``kind``:
       * ``line``: ``series`` maps a legend label to a source giving (x, y) or a 1-D y;
         ``ref`` draws horizontal reference lines {label: value}; ``logx``/``logy``.
+        (``ref`` values and ``xlabel`` may also be sources, for what depends on the runs, such as
+        their N in reduced mode.)
       * ``heatmap``: ``data`` gives a 2-D array (or (step, array) from :class:`Snapshot`).
       * ``bar``: ``data`` gives a 1-D array, or a dict label -> value.
       * ``text``: ``data`` gives a string.
@@ -324,9 +326,9 @@ class Panel:
     series: dict[str, Source] = field(default_factory=dict)
     data: Optional[Source] = None
     draw: Optional[Callable[[Any, Results], None]] = None
-    xlabel: str = ""
+    xlabel: str | Source = ""
     ylabel: str = ""
-    ref: dict[str, float] = field(default_factory=dict)
+    ref: dict[str, float | Source] = field(default_factory=dict)
     logx: bool = False
     logy: bool = False
     ylim: Optional[tuple[float, float]] = None

@@ -119,16 +119,21 @@ def _compare(args: argparse.Namespace) -> int:
     from probes.report import write_compare_report
     from probes.scorecard import compare, scorecard
 
-    cards = []
+    cards, sources = [], []
     for path in (args.run_a, args.run_b):
         run, data = _load(path, args.walks)
         cards.append(scorecard(run.model, run.task, data, config))
+        sources.append(f"{path}  ({run.task.describe()}, {len(data)} {run.task.sample_name}s)")
     result = compare(cards[0], cards[1], ("A", "B"))
     out = write_compare_report(args.out, result, (str(args.run_a), str(args.run_b)))
     if args.json:
         print_json({"A": cards[0].scores(), "B": cards[1].scores(),
                     "difference": {k: d for k, _, _, d in result.rows()}, "report": str(out)})
         return 0
+    for name, source in zip("AB", sources):
+        print(f"{name:11s} {source}")
+    if cards[0].task != cards[1].task:
+        print("            (the runs' tasks differ: each is scored on its own task's test data)")
     print(f"{'score':40s} {'A':>8s} {'B':>8s} {'B - A':>8s}")
     for key, a, b, d in result.rows():
         if key.count(".") <= 1:

@@ -37,6 +37,9 @@ def check_target(target: str | Path, kind: str, files: Sequence[str]) -> Path:
         foreign = [e for e in entries if not (target / e).is_file() or not any(fnmatch(e, f) for f in files)]
         require(not foreign, f"{target} holds what a {kind} directory does not ({', '.join(foreign[:3])}"
                              f"{', ...' if len(foreign) > 3 else ''}), so it is not replaced; choose another --out")
+        # Replacing renames the target away and deletes its files, which its own permissions must allow.
+        require(not entries or os.access(target, os.W_OK | os.X_OK),
+                f"cannot replace {target}: permission denied")
     ancestor = target.absolute().parent
     while not ancestor.exists():
         ancestor = ancestor.parent

@@ -4,13 +4,16 @@ A run directory holds
 
 * ``config.json``: ``{"format", "model_kind", "model", "task", "train"}``: everything needed to
   rebuild the model and its data;
-* ``model.safetensors``: the weights (state dict);
+* ``model.safetensors``: the weights (state dict), with a copy of the config in its metadata;
 * ``history.json``: one object per step (step 0 is the initial model) and the run's summary.
 
 :func:`save_run` writes into a temporary sibling directory and renames it into place, so an
 interrupted write never leaves a half-written run; it replaces an existing run but refuses to
 overwrite a directory that is not one. :func:`load_run` checks that the files agree with each other
-and raises :class:`~rwinterp.errors.RwinterpError` with a one-line reason when they do not.
+and raises :class:`~rwinterp.errors.RwinterpError` with a one-line reason when they do not; a
+``config.json`` edited after training (another p, another seed) no longer matches the copy saved
+with the weights and is refused, since the probes would rebuild the wrong task or test walks.
+Weights without that copy (written by another trainer) load on their ``config.json`` alone.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ FORMAT = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 HISTORY_FILE = "history.json"
+#: The key of the weights file's metadata that holds the config the weights were trained with.
+CONFIG_METADATA = "rwinterp_config"
 #: What a run directory holds (its marker first): an existing --out is replaced only if it holds no more.
 RUN_FILES = (CONFIG_FILE, WEIGHTS_FILE, HISTORY_FILE)
 
@@ -125,7 +130,8 @@ def save_run(
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
 
     def build(tmp: Path) -> None:
-        (tmp / WEIGHTS_FILE).write_bytes(save(state))  # (save_file would make it readable by its owner only)
+        # (save_file would make it readable by its owner only)
+        (tmp / WEIGHTS_FILE).write_bytes(save(state, metadata={CONFIG_METADATA: json.dumps(config)}))
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
         (tmp / HISTORY_FILE).write_text(json.dumps({"summary": summary, "history": history}, indent=1))
 
@@ -141,10 +147,36 @@ def _read_json(path: Path) -> Any:
         raise RwinterpError(f"unreadable {path}: {exc}") from None
 
 
+def first_difference(a: Any, b: Any, where: str = "") -> Optional[tuple[str, Any, Any]]:
+    """The first key path (``"task.p"``) at which two JSON values differ, with the two values there;
+    None if they are equal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            found = first_difference(a.get(key), b.get(key), f"{where}.{key}" if where else key)
+            if found is not None:
+                return found
+        return None
+    return None if a == b and isinstance(a, bool) == isinstance(b, bool) else (where, a, b)
+
+
+def _check_saved_config(path: Path, config: dict[str, Any], metadata: Optional[dict[str, str]]) -> None:
+    """Refuse a ``config.json`` that differs from the config saved in the weights' metadata."""
+    if not metadata or CONFIG_METADATA not in metadata:
+        return
+    try:
+        saved = json.loads(metadata[CONFIG_METADATA])
+    except json.JSONDecodeError:
+        raise RwinterpError(f"unreadable {path / WEIGHTS_FILE}: its saved config is not JSON") from None
+    found = first_difference(config, saved)
+    if found is not None:
+        key, here, there = found
+        raise RwinterpError(f"{path / CONFIG_FILE} was changed after training: {key} is "
+                            f"{json.dumps(here)}, the weights were trained with {json.dumps(there)}")
+
+
 def load_run(directory: str | os.PathLike) -> Run:
     """Rebuild a saved run; the model comes back in eval mode with identical outputs."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors import SafetensorError, safe_open
 
     require(str(directory) != "", "not a run directory: the name is empty")
     path = Path(directory)
@@ -171,7 +203,9 @@ def load_run(directory: str | os.PathLike) -> Run:
     require(getattr(cfg, "n_ctx", task.seq_len) >= task.seq_len,
             f"mismatched run: the model has N={cfg.n_ctx} but the task has N={task.seq_len}")
     try:
-        state = load_file(str(path / WEIGHTS_FILE))
+        with safe_open(str(path / WEIGHTS_FILE), framework="pt") as weights:
+            metadata = weights.metadata()
+            state = {name: weights.get_tensor(name) for name in weights.keys()}
     except FileNotFoundError:
         raise RwinterpError(f"not a run directory: {path} (missing {WEIGHTS_FILE})") from None
     except (SafetensorError, OSError) as exc:
@@ -189,6 +223,7 @@ def load_run(directory: str | os.PathLike) -> Run:
                 f"mismatched weights in {path}: {name} is {tensor.dtype}, the config says {expected[name].dtype}")
         require(not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()),
                 f"non-finite weights in {path / WEIGHTS_FILE}: {name}")
+    _check_saved_config(path, config, metadata)
     with torch.no_grad():
         model.load_state_dict(state)
     model.eval()

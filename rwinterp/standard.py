@@ -367,18 +367,20 @@ def save_standard_model(model: TransformerBridge, directory: str | os.PathLike[s
     """Save ``model`` as ``model.safetensors`` (state dict) and ``config.json`` in ``directory``.
 
     The JSON holds the architecture fields of the bridge config (sizes, normalization,
-    positional embedding type, init seed) and the dtype; the directory is created if needed and
-    existing files of the same names are overwritten. Meant for models from
-    :func:`build_standard_model` / :func:`load_standard_model`: config fields outside that
-    architecture (rotary embeddings, gated MLPs, ...) are not recorded.
+    positional embedding type, init seed) and the dtype. The directory is written whole beside its
+    target and renamed into place (:func:`rwinterp.atomic.atomic_directory`): an interrupted save
+    leaves the old directory or none, an existing saved model is replaced, and a directory that
+    holds anything else is refused. Meant for models from :func:`build_standard_model` /
+    :func:`load_standard_model`: config fields outside that architecture (rotary embeddings, gated
+    MLPs, ...) are not recorded.
 
     Returns:
         The directory as a :class:`pathlib.Path`.
     """
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
+    from rwinterp.atomic import atomic_directory
+
     state = {
         key: value.detach().to("cpu").contiguous().clone()
         for key, value in model.state_dict().items()
@@ -389,9 +391,13 @@ def save_standard_model(model: TransformerBridge, directory: str | os.PathLike[s
         "dtype": _dtype_name(dtype),
         "architecture": _arch_from_model(model),
     }
-    save_file(state, str(path / WEIGHTS_FILE), metadata={"format": _FORMAT})
-    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return path
+
+    def build(tmp: Path) -> None:
+        # (save_file would make it readable by its owner only)
+        (tmp / WEIGHTS_FILE).write_bytes(save(state, metadata={"format": _FORMAT}))
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+    return atomic_directory(directory, build, "saved standard model", (CONFIG_FILE, WEIGHTS_FILE))
 
 
 def load_standard_model(
@@ -409,6 +415,7 @@ def load_standard_model(
     Raises:
         RwinterpError: if the files are missing, of another format, or do not match each other.
     """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = Path(directory)
@@ -417,8 +424,8 @@ def load_standard_model(
         raise RwinterpError(f"{path} does not hold {CONFIG_FILE} and {WEIGHTS_FILE}")
     try:
         config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise RwinterpError(f"{config_path} is not valid JSON: {exc}") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RwinterpError(f"unreadable {config_path}: {exc}") from None
     if not isinstance(config, dict) or config.get("format") != _FORMAT:
         raise RwinterpError(f"{config_path} is not a {_FORMAT} config")
     arch = config.get("architecture")
@@ -428,7 +435,10 @@ def load_standard_model(
     if dtype is None:
         raise RwinterpError(f"{config_path} has an unknown dtype {config.get('dtype')!r}")
     model = _boot(arch, dtype, device)
-    state = load_file(str(weights_path), device=str(device))
+    try:
+        state = load_file(str(weights_path), device=str(device))
+    except (SafetensorError, OSError) as exc:
+        raise RwinterpError(f"unreadable {weights_path}: {exc}") from None
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:

@@ -364,6 +364,31 @@ def test_tick_legend_and_bar_options():
     plt.close(figure)
 
 
+def test_a_panels_label_and_reference_lines_can_follow_its_runs():
+    """Fig 11's attention panel takes N from its run, so that reduced mode (N = 13) shows 1..13 and a
+    uniform line at 1/13, not the full run's 97."""
+    from dataclasses import replace
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from experiments.plots import _bar, resolved
+    from experiments.specs._random_init import READINGS, attention_panel, run_name
+    from rwinterp.tasks import CircleWalk
+
+    reading = READINGS[0]
+    panel = attention_panel(reading, 0.5, "a")
+    results = Results({run_name(reading, 0.5): SimpleNamespace(task=CircleWalk(6, 0.5, 13))})
+    assert resolved(panel.xlabel, results) == "position 1..13 (parent N-1 = 12)"
+    figure, ax = plt.subplots()
+    _bar(ax, replace(panel, data=lambda r: np.full(13, 1 / 13)), results)
+    (line,) = ax.get_lines()
+    assert list(line.get_ydata()) == [1 / 13, 1 / 13] and line.get_label() == "uniform 1/N"
+    plt.close(figure)
+
+
 def test_shared_scales_zero_based_colours_dashes_and_reference_styles():
     """Panels of one ``share`` group get one value range (a variance of 1e-11 no longer looks like one of
     0.03); ``zero`` puts 0 into a heatmap's colour scale; ``dashes`` lets a curve lying on another show;

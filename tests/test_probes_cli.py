@@ -64,6 +64,14 @@ def test_compare_two_runs(runs, capsys):
     assert data["difference"]["accuracy"] == pytest.approx(data["B"]["accuracy"] - data["A"]["accuracy"])
     assert {"comparison.png", "a_attention.png", "b_patching.png", "report.md", "scores.json"} <= {
         p.name for p in out.iterdir()}
+    # Printed: which run is A and which B, on which task; runs of different tasks are said to differ.
+    assert main(["compare", str(runs / "a"), str(runs / "b"), "--out", str(out), *FAST]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"A           {runs / 'a'}  (") and "p=0.7" in lines[0] and "60 walks" in lines[0]
+    assert lines[1].startswith(f"B           {runs / 'b'}  (") and "p=1" in lines[1]
+    assert lines[2].strip() == "(the runs' tasks differ: each is scored on its own task's test data)"
+    assert main(["compare", str(runs / "a"), str(runs / "a"), "--out", str(out), *FAST]) == 0
+    assert "tasks differ" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args, message", [
@@ -96,21 +104,33 @@ def test_bad_input_is_one_line_and_exit_2(runs, capsys, args, message):
     (lambda c: c["train"].update(lr=float("nan"), other_trainer_key=1), "lr must be positive and finite, got nan"),
     (lambda c: c["train"].update(population="false"), "population must be a JSON bool"),
     (lambda c: c["train"].update(n_test=0), "n-train and n-test must be >= 1"),
+    # With the config that training saved beside the weights, any edit of config.json is refused.
+    (("saved", lambda c: c["task"].update(p=0.5)),
+     "config.json was changed after training: task.p is 0.5, the weights were trained with 0.7"),
+    (("saved", lambda c: c["train"].update(seed=1)),
+     "config.json was changed after training: train.seed is 1, the weights were trained with 0"),
+    (("saved", lambda c: c["train"].update(population=0)),
+     "config.json was changed after training: train.population is 0, the weights were trained with false"),
 ])
 def test_a_corrupted_run_is_refused_in_one_line(runs, tmp_path, capsys, corrupt, message):
     """Hand-edited or damaged runs: wrong JSON types, seeds out of range, weights of another dtype or with
-    NaN in them give a one-line error, never a traceback or plausible-looking scores."""
+    NaN in them give a one-line error, never a traceback or plausible-looking scores. The config edits
+    are checked on their own on weights without a saved config (as another trainer writes them), and
+    with it, where the edit itself is refused."""
     import shutil
 
     from safetensors.torch import load_file, save_file
 
     run = tmp_path / "run"
     shutil.copytree(runs / "a", run)
+    state = load_file(str(run / "model.safetensors"))
     if corrupt == "nan":
-        state = load_file(str(run / "model.safetensors"))
         state["blocks.0.attn.V"][0, 0] = float("nan")
         save_file(state, str(run / "model.safetensors"))
     else:
+        keep_saved, corrupt = corrupt if isinstance(corrupt, tuple) else (None, corrupt)
+        if not keep_saved:
+            save_file(state, str(run / "model.safetensors"))  # no metadata
         config = json.loads((run / "config.json").read_text())
         corrupt(config)
         (run / "config.json").write_text(json.dumps(config))

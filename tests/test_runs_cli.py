@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -140,6 +141,15 @@ def test_a_bad_out_is_refused_before_the_work(tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["config.json", "keep", "scores.json"]
     assert main(["probe", str(tmp_path / "run"), "--out", str(tmp_path / "r"), "--walks", "51"]) == 2
     assert "--walks 51, but" in capsys.readouterr().err and not (tmp_path / "r").exists()
+    # A run the user may not modify (a read-only folder, whose files could not be deleted) is not replaced.
+    import rwinterp.atomic
+
+    run = tmp_path / "run"
+    real_access = rwinterp.atomic.os.access
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rwinterp.atomic.os, "access", lambda path, mode: Path(path) != run and real_access(path, mode))
+        assert main(["train", *SMALL, "--out", str(run)]) == 2
+    assert capsys.readouterr().err.strip() == f"rwinterp: error: cannot replace {run}: permission denied"
     assert main(["probe", str(tmp_path / "run"), "--out", str(tmp_path / "r"), "--seeds", "3"]) == 2
     assert "--seeds needs --baseline random" in capsys.readouterr().err
 
@@ -247,6 +257,13 @@ def test_unreadable_and_mismatched_runs(tmp_path):
         load_run(run)
     (run / "config.json").write_text("{not json")
     with pytest.raises(RwinterpError, match="unreadable"):
+        load_run(run)
+    run = save_run(tmp_path / "run", model, task, {}, [], {})
+    from safetensors.torch import load_file, save_file
+
+    save_file(load_file(str(run / "model.safetensors")), str(run / "model.safetensors"),
+              metadata={"rwinterp_config": "{not json"})
+    with pytest.raises(RwinterpError, match="its saved config is not JSON"):
         load_run(run)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("keep me")

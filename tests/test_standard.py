@@ -26,6 +26,7 @@ import math
 import pytest
 import torch
 
+from rwinterp.errors import RwinterpError
 from rwinterp.standard import (
     attn_scores_from_cache,
     build_standard_model,
@@ -169,6 +170,27 @@ def test_save_load_identical_logits(trained, tmp_path):
         assert torch.equal(loaded(test), logits)
     for name, value in standard_weights(model).items():
         assert torch.equal(standard_weights(loaded)[name], value), name
+
+
+def test_save_is_atomic_and_load_errors_are_one_line(trained, tmp_path):
+    """Saving replaces a saved model whole and refuses any other directory; damaged files give a
+    one-line RwinterpError, not a safetensors or JSON traceback."""
+    model = trained[0]
+    target = save_standard_model(model, tmp_path / "std")
+    save_standard_model(model, target)  # replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["std"]  # nothing half-written beside it
+    assert (target / "model.safetensors").stat().st_mode & 0o444 == (target / "config.json").stat().st_mode & 0o444
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(RwinterpError, match="not a saved standard model directory"):
+        save_standard_model(model, tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+    (target / "model.safetensors").write_bytes(b"\x00" * 16)
+    with pytest.raises(RwinterpError, match="unreadable .*model.safetensors"):
+        load_standard_model(target)
+    (target / "config.json").write_text("{not json")
+    with pytest.raises(RwinterpError, match="unreadable .*config.json"):
+        load_standard_model(target)
 
 
 def test_run_with_cache_and_hooks(trained):

@@ -661,9 +661,14 @@ def attention_panel(reading: Reading, p: float, letter: str) -> Panel:
     """Mean attention of the query slot on every position after training (the parent is N-1), on a log
     axis: uniform attention (1/N each) shows as a flat band, one position's lock as a single bar."""
     run = run_name(reading, p)
+
+    def n(results: Results) -> int:  # the run's N (smaller in reduced mode)
+        return results[run].task.seq_len
+
     return Panel("bar", f"({letter}) {reading.name}: mean attention by position (log)", data=Final(run, "attention"),
-                 xlabel=f"position 1..{N} (parent N-1 = {N - 1})", ylabel="mean attention", logy=True,
-                 ylim=(1e-4, 1.5), ref={"uniform 1/N": 1 / N})
+                 xlabel=Computed(lambda r: f"position 1..{n(r)} (parent N-1 = {n(r) - 1})", "the run's N"),
+                 ylabel="mean attention", logy=True, ylim=(1e-4, 1.5),
+                 ref={"uniform 1/N": Computed(lambda r: 1 / n(r), "1/N of the run")})
 
 
 def _at(run: str, key: str, step: int, part: str = "") -> Computed:
