@@ -226,6 +226,10 @@ class RunResult:
         steps = np.array(sorted(by_step))
         return steps, np.array([float(by_step[s]) for s in steps])
 
+    def first_step(self, where: Callable[[dict[str, Any]], bool], never: float = math.inf) -> float:
+        """The first step whose history record satisfies ``where`` (``never`` if none does)."""
+        return float(next((h["step"] for h in self.history if where(h)), never))
+
     def at(self, key: str, step: int) -> tuple[int, Any]:
         """(actual step, value): the recorded snapshot at the largest step <= ``step``."""
         require(key in self.snapshots, f"run {self.spec.name}: nothing recorded under {key!r}")
@@ -347,7 +351,7 @@ class Check:
     """How a measured value is compared with what the paper says.
 
     ``op``: ``near`` (|x - target| <= tol), ``at_least``, ``at_most``, ``between`` (lo <= x <= hi),
-    ``true`` (x is truthy), ``false``. Build with the helpers :func:`near`, :func:`at_least`, ...
+    ``true`` (x is truthy). Build with the helpers :func:`near`, :func:`at_least`, ...
     """
 
     op: str
@@ -358,8 +362,6 @@ class Check:
     def holds(self, x: Any) -> bool:
         if self.op == "true":
             return bool(x)
-        if self.op == "false":
-            return not bool(x)
         if x is None or (isinstance(x, float) and math.isnan(x)):
             return False
         x = float(x)
@@ -382,7 +384,7 @@ class Check:
             return f"≤ {format_measured(self.target)}"
         if self.op == "between":
             return f"in [{format_measured(self.target)}, {format_measured(self.hi)}]"
-        return "yes" if self.op == "true" else "no"
+        return "yes"
 
 
 def near(target: float, tol: float) -> Check:
@@ -403,10 +405,6 @@ def between(lo: float, hi: float) -> Check:
 
 def is_true() -> Check:
     return Check("true")
-
-
-def is_false() -> Check:
-    return Check("false")
 
 
 def binomial_tol(p: float, n: int, k: float = 3.0) -> float:

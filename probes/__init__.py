@@ -20,12 +20,13 @@ module                     what it answers
 
 Quick use::
 
-    from probes import scorecard
+    from probes.scorecard import scorecard
     card = scorecard(model, task, task.sample(1000, seed=1))
     card.scores()["patching"]["localization"], card.findings()
 
 The names below are imported on first use, so ``import probes`` stays light (the command line
-imports :mod:`probes.cli` at start-up).
+imports :mod:`probes.cli` at start-up). ``probes.scorecard`` is the module, as for every module
+name; the function is ``probes.scorecard.scorecard``.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ _EXPORTS = {
     "transition_probe": "probes.transition",
     "TransitionResult": "probes.transition",
     "compare_to_transition": "probes.transition",
-    "scorecard": "probes.scorecard",
     "Scorecard": "probes.scorecard",
     "compare_to_random": "probes.scorecard",
     "compare": "probes.scorecard",

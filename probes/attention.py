@@ -6,8 +6,9 @@ prediction's query position) gives
 
 * ``parent_attention``: the total attention on the parent position(s), averaged over walks and
   predictions (the paper's Theorem 3.1: at least ``1 - exp(-Omega(N))`` after training);
-* ``parent_argmax_rate``: how often the most-attended position is a parent (exact ties count as
-  the chance that a random pick among the tied positions is a parent);
+* ``parent_argmax_rate``: how often the most-attended position is a parent (ties, within 64 machine
+  epsilons of the model's dtype, count as the chance that a random pick among the tied positions is
+  a parent);
 * ``entropy`` (nats) and ``uniformity = exp(entropy) / (number of visible positions)``: 1 for
   attention spread evenly over everything a prediction can see (the paper's Theorem 4.1 case),
   ``1 / n`` for attention on a single position;
@@ -135,7 +136,7 @@ def attention_probe(model: Any, task: Task, data: Batch, config: ProbeConfig = P
         head = (flat // n_heads, flat % n_heads)
         a = rows[head].to(torch.float64)  # [B, T, pos]
         visible = targets.visible
-        hit = _argmax_hits(a, targets)
+        hit = _argmax_hits(rows[head], targets)  # (in the model's dtype: a float32 model's ties are float32's)
         entropy = -(a * torch.where(a > 0, a.log(), torch.zeros_like(a))).sum(-1)
         uniformity = entropy.exp() / visible.sum(-1).to(torch.float64)
         v = cache[values[head[0]]]

@@ -96,14 +96,18 @@ def detect_kind(model: Any, task: Task) -> str:
             f"the model reads at most {cfg.n_ctx} positions but the task's walks have N={task.seq_len}")
     if int(cfg.d_vocab) < task.d_vocab:
         return "autoregressive"
-    sample = task.sample(2, seed=0)
+    logits = _task_logits(model, task, task.sample(2, seed=0).tokens)
+    return "query" if logits.shape[1] == 1 else "autoregressive"
+
+
+def _task_logits(model: Any, task: Task, inputs: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch lpos vocab"]:
+    """:func:`run_logits`, with a model's refusal of the task's inputs as a one-line error."""
     try:
-        logits = run_logits(model, sample.tokens)
+        return run_logits(model, inputs)
     except Exception as exc:  # the model refused the task's walks
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise RwinterpError(f"the model cannot read this task's walks (K={task.n_states}, "
                             f"N={task.seq_len}): {message}") from None
-    return "query" if logits.shape[1] == 1 else "autoregressive"
 
 
 def is_chain(task: Task) -> bool:
@@ -203,7 +207,7 @@ def targets_for(model: Any, task: Task, batch: Batch, kind: str | None = None) -
             f"the walks have {batch.tokens.shape[1]} positions but the task has N={task.seq_len}")
     kind = kind or detect_kind(model, task)
     first = _build(kind, task, batch[:2], 1)
-    logits = run_logits(model, first.inputs)
+    logits = _task_logits(model, task, first.inputs)
     out = int(logits.shape[-1])
     require(out == K, f"mismatched K: the model predicts {out} classes but the task has K={K} states")
     if kind == "query":

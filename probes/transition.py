@@ -12,7 +12,8 @@ coordinates). C is compared with Pi (equivalently V with ``Pi^T``) by
 * ``distance``: the paper's ``|| V/||V||_F - Pi^T/||Pi^T||_F ||_F`` (0 = same direction, NaN if V = 0);
 * ``cosine``: ``<V, Pi^T> / (||V|| ||Pi^T||)``;
 * ``argmax_agreement``: the share of states whose highest score (smallest index among ties, as in
-  prediction) is among the most likely next states under Pi (Pi has ties at p = 0.5);
+  prediction, with the tie tolerance of C's own dtype) is among the most likely next states under Pi
+  (Pi has ties at p = 0.5); for a constant C (V = 0) every state predicts state 0, as the model does;
 * ``affine_a``, ``affine_b``, ``r2``: the least-squares fit ``V ~ a Pi^T + b 1`` and its R^2 (NaN when V
   is constant);
 * ``kl``: the mean over states of ``KL(Pi[k] || softmax(C[k]))``, meaningful for models whose outputs
@@ -97,6 +98,7 @@ def _affine_fit(x: list[float], y: list[float]) -> tuple[float, float]:
 
 def compare_to_transition(C: Float[Tensor, "K K"], Pi: Float[Tensor, "K K"]) -> MatrixComparison:
     """Every comparison of the module docstring, for ``C`` in Pi's orientation (``C = V^T``)."""
+    choice = predict(C.detach())  # (before the cast: a float32 model's ties are float32's)
     C = C.detach().to(torch.float64)
     Pi = Pi.to(torch.float64)
     K = Pi.shape[0]
@@ -111,7 +113,7 @@ def compare_to_transition(C: Float[Tensor, "K K"], Pi: Float[Tensor, "K K"]) -> 
         return float((a * b).sum() / (a.norm() * b.norm())) if nonzero else math.nan
 
     best = Pi >= Pi.amax(1, keepdim=True) - 1e-12
-    agreement = float(best[torch.arange(K), predict(C)].to(torch.float64).mean())
+    agreement = float(best[torch.arange(K), choice].to(torch.float64).mean())
     a, b = _affine_fit(Pi.flatten().tolist(), unit.flatten().tolist())
     y = unit.flatten()
     total = float(((y - y.mean()) ** 2).sum())

@@ -40,22 +40,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 from rwinterp.errors import RwinterpError, require, require_seed
 from rwinterp.tasks import (
     MAX_POPULATION,
-    Batch,
+    ChainOfOrder,
     CircleWalk,
     MarkovChain,
-    Task,
-    _inverse_cdf,
     check_distribution,
-    check_population_size,
     check_stochastic,
-    count_walks,
-    enumerate_walks,
     register_task,
 )
 
@@ -188,13 +183,14 @@ class RegularGraphWalk(_NamedChain):
 
 
 @register_task
-class HigherOrderChain(Task):
+class HigherOrderChain(ChainOfOrder):
     """A k-th order Markov chain: ``P(s_t | past) = T[s_{t-k}, ..., s_{t-1}]``.
 
     ``transition`` has shape ``[K] * (k + 1)`` (the order k is read off it), entries finite and
     non-negative, last axis summing to one; ``initial`` is the joint distribution of the first k
     states, shape ``[K] * k`` (uniform when omitted). The parents of the label are the last k
-    observed tokens, positions ``N-1-k .. N-2``. With k = 1 this is :class:`MarkovChain`.
+    observed tokens, positions ``N-1-k .. N-2``. With k = 1 this is :class:`MarkovChain` (the same
+    walks from the same seed: both are :class:`~rwinterp.tasks.ChainOfOrder`).
     """
 
     kind = "order"
@@ -209,80 +205,17 @@ class HigherOrderChain(Task):
         check_stochastic(T, "transition tensor (its last axis)")
         require(isinstance(N, int) and N >= k + 2,
                 f"a chain of order {k} needs N >= {k + 2} (k parents, then the label, then the query slot), got {N}")
-        if initial is None:
-            init = torch.full([K] * k, 1.0 / K**k, dtype=torch.float64)
-        else:
+        init = None
+        if initial is not None:
             init = torch.as_tensor(initial, dtype=torch.float64)
             require(tuple(init.shape) == (K,) * k,
                     f"the initial distribution of the first {k} states must have shape {[K] * k}")
             check_distribution(init)
-        self._T, self._init, self._N, self._uniform_start = T, init, N, initial is None
-
-    # -- the Task interface
-    @property
-    def n_states(self) -> int:
-        return int(self._T.shape[0])
-
-    @property
-    def seq_len(self) -> int:
-        return self._N
-
-    @property
-    def order(self) -> int:
-        """k: how many previous states the next one depends on."""
-        return self._T.ndim - 1
+        super().__init__(T, N, init)
 
     def transition_tensor(self) -> Float[Tensor, "..."]:
         """T with shape ``[K] * (k + 1)`` (float64): ``T[s_{t-k}, ..., s_{t-1}, s_t]``."""
         return self._T.clone()
-
-    def initial_distribution(self) -> Float[Tensor, "..."]:
-        return self._init.clone()
-
-    def params(self) -> dict[str, Any]:
-        return {"transition": self._T.tolist(), "N": self._N,
-                "initial": None if self._uniform_start else self._init.tolist()}
-
-    def parent_positions(self) -> tuple[int, ...]:
-        return tuple(range(self._N - 1 - self.order, self._N - 1))
-
-    def conditional(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch K"]:
-        return self._T[tuple(tokens[:, i] for i in self.parent_positions())]
-
-    def parent_marginal(self) -> Float[Tensor, "..."]:
-        """Joint distribution of the k parents (s_{N-k} .. s_{N-1}), shape ``[K] * k``.
-
-        The chain on k-tuples is first order: ``P'[b.., c] = sum_a P[a, b..] T[a, b.., c]``.
-        """
-        joint = self._init
-        for _ in range(self._N - 1 - self.order):
-            joint = (joint[..., None] * self._T).sum(0)
-        return joint
-
-    def bayes_accuracy(self) -> float:
-        return float((self.parent_marginal() * self._T.amax(-1)).sum())
-
-    def sample(self, n: int, seed: int) -> Batch:
-        require(isinstance(n, int) and n >= 1, f"the number of samples must be >= 1, got {n}")
-        K, k = self.n_states, self.order
-        gen = torch.Generator().manual_seed(int(seed))
-        uniforms = torch.rand(n, self._N - k + 1, generator=gen, dtype=torch.float64)
-        states = torch.empty(n, self._N, dtype=torch.long)
-        first = _inverse_cdf(self._init.reshape(1, -1).expand(n, -1), uniforms[:, 0])
-        for j in range(k):  # unravel the flat index of the first k-tuple (row-major)
-            states[:, j] = first // K ** (k - 1 - j) % K
-        for t in range(k, self._N):
-            rows = self._T[tuple(states[:, t - k + j] for j in range(k))]
-            states[:, t] = _inverse_cdf(rows, uniforms[:, t - k + 1])
-        return self.batch_from_states(states)
-
-    def population_size(self) -> int:
-        """Number of walks of non-zero probability."""
-        return count_walks(self._init, self._T, self._N)
-
-    def population(self) -> Batch:
-        check_population_size(self.population_size())
-        return self.batch_from_states(*enumerate_walks(self._init, self._T, self._N))
 
 
 def persistent_transition(K: int, q: float) -> Float[Tensor, "K K K"]:

@@ -77,6 +77,7 @@ as TransformerLens expects (``score = q . k``).
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
@@ -395,8 +396,9 @@ class DeepTransformer(HookedWalkModel):
 
     def __init__(self, cfg: DeepConfig | dict):
         super().__init__()
-        if isinstance(cfg, dict):
-            cfg = DeepConfig.from_dict(cfg)
+        # A copy: ``.float()`` on this model updates its cfg.dtype, not that of another model built
+        # from the same config.
+        cfg = DeepConfig.from_dict(cfg) if isinstance(cfg, dict) else copy.deepcopy(cfg)
         self.cfg = cfg
         K, N = cfg.n_states, cfg.n_ctx
         if cfg.token_embedding == "learned":

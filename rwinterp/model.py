@@ -49,10 +49,14 @@ gradient descent on W is gradient descent on ``u`` with the learning rate scaled
 (rebuilt exactly from ``u`` and the stored initial W). When no hook is
 attached to the embeddings or ``resid_pre``, the forward pass computes attention scores from the
 tokens directly (``u_tok[x_i] + p_i . u_pos``) without building ``[batch, pos, d_model]`` tensors.
+A hook there that edits the query slot's row is followed: the scores then use ``W`` on the edited
+query (:meth:`WalkTransformer._query_edit`), as :func:`rwinterp.deep.from_walk_transformer`'s
+model, which builds W, does.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Optional
 
@@ -167,6 +171,15 @@ class WalkAttention(nn.Module):
         self.hook_pattern = HookPoint()
         self.hook_z = HookPoint()
 
+    @property
+    def W_O(self) -> Float[Tensor, "n_heads d_head d_model"]:
+        """Writes the head output into the first ``d_head`` residual coordinates (TransformerLens's
+        per-block view, as ``ActivationCache.stack_head_results`` reads it)."""
+        cfg = self.cfg
+        W_O = self.V.new_zeros(cfg.d_head, cfg.d_model)
+        W_O[torch.arange(cfg.d_head), torch.arange(cfg.d_head)] = 1.0
+        return W_O[None]
+
     def forward(
         self,
         keys_in: Float[Tensor, "batch pos"],
@@ -252,7 +265,9 @@ class HookedWalkModel(HookedRootModule):
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> "HookedWalkModel":
         """``.to(dtype)``, ``.float()``, ``.double()``: as TransformerLens's ``to`` does, ``cfg.dtype``
-        follows the weights, so a saved run rebuilds in the dtype it was saved in."""
+        follows the weights, so a saved run rebuilds in the dtype it was saved in. A conversion to an
+        unsupported dtype (``.half()``) is refused before any weight is converted."""
+        resolve_dtype(fn(torch.zeros((), dtype=self.cfg.dtype)).dtype)
         super()._apply(fn, *args, **kwargs)
         dtype = next((p.dtype for p in self.parameters() if p.is_floating_point()), None)
         if dtype is not None and dtype != self.cfg.dtype:
@@ -297,8 +312,9 @@ class WalkTransformer(HookedWalkModel):
 
     def __init__(self, cfg: WalkTransformerConfig):
         super().__init__()
-        if isinstance(cfg, dict):
-            cfg = WalkTransformerConfig.from_dict(cfg)
+        # A copy: ``.float()`` on this model updates its cfg.dtype, not that of another model built
+        # from the same config.
+        cfg = WalkTransformerConfig.from_dict(cfg) if isinstance(cfg, dict) else copy.deepcopy(cfg)
         self.cfg = cfg
         K, M, N, D = cfg.n_states, cfg.pos_dim, cfg.n_ctx, cfg.d_model
         W_E = torch.zeros(K + 1, D, dtype=cfg.dtype)
@@ -423,10 +439,7 @@ class WalkTransformer(HookedWalkModel):
     @property
     def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
         """Writes the head output into the first ``d_head`` residual coordinates."""
-        cfg = self.cfg
-        W_O = self.V.new_zeros(cfg.d_head, cfg.d_model)
-        W_O[torch.arange(cfg.d_head), torch.arange(cfg.d_head)] = 1.0
-        return W_O[None, None]
+        return self.attn.W_O[None]
 
     @property
     def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
@@ -466,6 +479,38 @@ class WalkTransformer(HookedWalkModel):
         return any(h.has_hooks() for h in (self.hook_embed, self.hook_pos_embed,
                                             self.blocks[0].hook_resid_pre))
 
+    def _query_edit(self, resid: Float[Tensor, "batch pos d_model"]) -> Optional[Float[Tensor, "batch pos"]]:
+        """What a hook's edit of the query slot's input adds to the scores ``x~_i^T W q``.
+
+        The forward pass uses ``u = W x~_N`` for the query, which holds while the query slot's row of
+        the residual stream is ``x~_N``. A hook may change that row (zero it, scale it, add a
+        direction); the query ``q`` is then that row (normalised like the keys if configured), and
+        the scores gain ``x~_i^T W (q - x~_N)``, with ``W s = W_init s + (u - W_init x~_N)
+        (x~_N . s) / ||x~_N||^2`` (:attr:`W`). The shift is exactly zero for an unedited row, so the
+        outputs stay bit-identical; it is still formed when a gradient is wanted (backward hooks,
+        gradient x input), so that the query's gradient includes its path through W. None when
+        neither applies.
+        """
+        cfg = self.cfg
+
+        def seen(rows: Tensor) -> Tensor:  # as the attention sees them
+            return rows / rows.norm(dim=-1, keepdim=True) * cfg.token_norm if cfg.normalize_tokens else rows
+
+        as_query = seen if cfg.normalize_query else (lambda rows: rows)
+        rows = resid[:, -1]
+        shift = as_query(rows) - as_query(self.W_pos[-1].expand_as(rows))
+        if not shift.requires_grad and not bool(shift.ne(0).any()):
+            return None
+        if cfg.init == "gaussian" and self.W_init.numel() == 0:
+            raise RwinterpError("an edit of the query slot's input needs the initial W, which this "
+                                "Gaussian-initialised model was too large to keep")
+        q = self.query_vector()
+        along = (shift @ q / q.pow(2).sum())[:, None]  # [batch, 1]
+        W_shift = along * self.u[None]
+        if self.W_init.numel():
+            W_shift = W_shift + shift @ self.W_init.T - along * (self.W_init @ q)[None]
+        return torch.einsum("bpd,bd->bp", seen(resid), W_shift)
+
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch 1 K"]:
         """The raw scores ``f(X)`` at the query slot, shaped ``[batch, 1, K]`` like logits."""
         tokens = self._check_tokens(tokens)
@@ -480,6 +525,9 @@ class WalkTransformer(HookedWalkModel):
             keys = resid @ u
             if cfg.normalize_tokens:
                 keys = keys / resid.norm(dim=-1) * cfg.token_norm
+            edit = self._query_edit(resid)
+            if edit is not None:
+                keys = keys + edit
             token_part = resid[..., :K]
         else:
             # x~_i . u = u_tok[x_i] + p_i . u_pos, without building [batch, pos, d_model].

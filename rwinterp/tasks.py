@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
 import torch
 from jaxtyping import Float, Int
@@ -214,8 +214,87 @@ def enumerate_walks(initial: Tensor, transition: Tensor, N: int) -> tuple[Int[Te
     return states, probs
 
 
+class ChainOfOrder(Task):
+    """Walks of a Markov chain of order k >= 1: ``P(s_t | past) = T[s_{t-k}, ..., s_{t-1}]``.
+
+    What :class:`MarkovChain` (k = 1) and :class:`rwinterp.chains.HigherOrderChain` share: sampling,
+    the exact population, the parents' distribution and the Bayes accuracy. ``transition`` has
+    shape ``[K] * (k + 1)`` and ``initial`` (the joint distribution of the first k states) shape
+    ``[K] * k``; subclasses validate them, each with its own messages. The label's parents are the
+    last k observed tokens, positions ``N-1-k .. N-2``.
+    """
+
+    def __init__(self, transition: Tensor, N: int, initial: Optional[Tensor]):
+        K, k = int(transition.shape[0]), transition.ndim - 1
+        self._T = transition
+        self._init = torch.full([K] * k, 1.0 / K**k, dtype=torch.float64) if initial is None else initial
+        self._N = N
+        self._uniform_start = initial is None
+
+    @property
+    def n_states(self) -> int:
+        return int(self._T.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return self._N
+
+    @property
+    def order(self) -> int:
+        """k: how many previous states the next one depends on."""
+        return self._T.ndim - 1
+
+    def initial_distribution(self) -> Float[Tensor, "..."]:
+        return self._init.clone()
+
+    def params(self) -> dict[str, Any]:
+        return {"transition": self._T.tolist(), "N": self._N,
+                "initial": None if self._uniform_start else self._init.tolist()}
+
+    def parent_positions(self) -> tuple[int, ...]:
+        return tuple(range(self._N - 1 - self.order, self._N - 1))
+
+    def conditional(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch K"]:
+        return self._T[tuple(tokens[:, i] for i in self.parent_positions())]
+
+    def parent_marginal(self) -> Float[Tensor, "..."]:
+        """Joint distribution of the k parents (s_{N-k} .. s_{N-1}), shape ``[K] * k``.
+
+        The chain on k-tuples is first order: ``P'[b.., c] = sum_a P[a, b..] T[a, b.., c]``.
+        """
+        joint = self._init
+        for _ in range(self._N - 1 - self.order):
+            joint = (joint[..., None] * self._T).sum(0)
+        return joint
+
+    def bayes_accuracy(self) -> float:
+        return float((self.parent_marginal() * self._T.amax(-1)).sum())
+
+    def sample(self, n: int, seed: int) -> Batch:
+        require(isinstance(n, int) and n >= 1, f"the number of samples must be >= 1, got {n}")
+        K, k = self.n_states, self.order
+        gen = torch.Generator().manual_seed(int(seed))
+        uniforms = torch.rand(n, self._N - k + 1, generator=gen, dtype=torch.float64)
+        states = torch.empty(n, self._N, dtype=torch.long)
+        first = _inverse_cdf(self._init.reshape(1, -1).expand(n, -1), uniforms[:, 0])
+        for j in range(k):  # unravel the flat index of the first k-tuple (row-major)
+            states[:, j] = first // K ** (k - 1 - j) % K
+        for t in range(k, self._N):
+            rows = self._T[tuple(states[:, t - k + j] for j in range(k))]
+            states[:, t] = _inverse_cdf(rows, uniforms[:, t - k + 1])
+        return self.batch_from_states(states)
+
+    def population_size(self) -> int:
+        """Number of walks of non-zero probability."""
+        return count_walks(self._init, self._T, self._N)
+
+    def population(self) -> Batch:
+        check_population_size(self.population_size())
+        return self.batch_from_states(*enumerate_walks(self._init, self._T, self._N))
+
+
 @register_task
-class MarkovChain(Task):
+class MarkovChain(ChainOfOrder):
     """Walks of a first-order Markov chain with transition matrix ``Pi`` (row = current state).
 
     The walk starts from ``initial`` (uniform when omitted). The label's parent is the last
@@ -231,70 +310,16 @@ class MarkovChain(Task):
         require(pi.shape[0] >= 2, "a Markov chain needs at least 2 states")
         check_stochastic(pi, "transition matrix")
         K = pi.shape[0]
-        if initial is None:
-            init = torch.full((K,), 1.0 / K, dtype=torch.float64)
-        else:
+        init = None
+        if initial is not None:
             init = torch.as_tensor(initial, dtype=torch.float64)
             require(init.shape == (K,), f"the initial distribution must have {K} entries")
             check_distribution(init)
-        self._pi = pi
-        self._init = init
-        self._N = N
-        self._uniform_start = initial is None
-
-    @property
-    def n_states(self) -> int:
-        return int(self._pi.shape[0])
-
-    @property
-    def seq_len(self) -> int:
-        return self._N
+        super().__init__(pi, N, init)
 
     def transition_matrix(self) -> Float[Tensor, "K K"]:
         """Pi, row = current state, column = next state (float64)."""
-        return self._pi.clone()
-
-    def initial_distribution(self) -> Float[Tensor, " K"]:
-        return self._init.clone()
-
-    def params(self) -> dict[str, Any]:
-        return {
-            "transition": self._pi.tolist(),
-            "N": self._N,
-            "initial": None if self._uniform_start else self._init.tolist(),
-        }
-
-    def parent_positions(self) -> tuple[int, ...]:
-        return (self._N - 2,)
-
-    def conditional(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch K"]:
-        return self._pi[tokens[:, self._N - 2]]
-
-    def parent_marginal(self) -> Float[Tensor, " K"]:
-        """Distribution of the parent state s_{N-1}: initial @ Pi^(N-2)."""
-        return self._init @ torch.linalg.matrix_power(self._pi, self._N - 2)
-
-    def bayes_accuracy(self) -> float:
-        return float(self.parent_marginal() @ self._pi.max(dim=1).values)
-
-    def sample(self, n: int, seed: int) -> Batch:
-        require(isinstance(n, int) and n >= 1, f"the number of samples must be >= 1, got {n}")
-        gen = torch.Generator().manual_seed(int(seed))
-        uniforms = torch.rand(n, self._N, generator=gen, dtype=torch.float64)
-        states = torch.empty(n, self._N, dtype=torch.long)
-        states[:, 0] = _inverse_cdf(self._init.expand(n, -1), uniforms[:, 0])
-        cdf = self._pi
-        for t in range(1, self._N):
-            states[:, t] = _inverse_cdf(cdf[states[:, t - 1]], uniforms[:, t])
-        return self.batch_from_states(states)
-
-    def population_size(self) -> int:
-        """Number of walks of non-zero probability."""
-        return count_walks(self._init, self._pi, self._N)
-
-    def population(self) -> Batch:
-        check_population_size(self.population_size())
-        return self.batch_from_states(*enumerate_walks(self._init, self._pi, self._N))
+        return self._T.clone()
 
 
 def _inverse_cdf(probs: Float[Tensor, "n K"], u: Float[Tensor, " n"]) -> Int[Tensor, " n"]:

@@ -180,3 +180,19 @@ def test_tasks_round_trip_through_dicts(task):
     assert type(again) is type(task) and again.to_dict() == task.to_dict()
     assert torch.equal(again.sample(10, 1).tokens, task.sample(10, 1).tokens)
     assert again.bayes_accuracy() == task.bayes_accuracy()
+
+
+def test_a_first_order_higher_order_chain_is_the_markov_chain():
+    """k = 1: the same walks from the same seed, the same population and Bayes accuracy."""
+    pi = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.0, 0.5], [0.2, 0.2, 0.6]], dtype=torch.float64)
+    initial = torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64)
+    first, general = MarkovChain(pi, 6, initial), HigherOrderChain(pi, 6, initial)
+    a, b = first.sample(300, 4), general.sample(300, 4)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.labels, b.labels)
+    pa, pb = first.population(), general.population()
+    assert torch.equal(pa.tokens, pb.tokens) and torch.equal(pa.weights, pb.weights)
+    assert first.bayes_accuracy() == general.bayes_accuracy()
+    # The Bayes accuracy against its definition: the weighted share of walks whose label is the most
+    # likely next state of their parent.
+    hit = (pi[pa.tokens[:, -2]].argmax(1) == pa.labels).to(torch.float64)
+    assert first.bayes_accuracy() == pytest.approx(float((pa.weights * hit).sum()), rel=1e-12)

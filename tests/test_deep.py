@@ -54,6 +54,31 @@ def test_paper_configuration_gives_the_paper_models_outputs(options):
         assert torch.allclose(deep.attention(tokens)[:, 0, 0], walk.attention(tokens), rtol=0, atol=1e-13)
     if "mlp_width" not in options:
         assert torch.allclose(deep.V, walk.V.detach(), atol=1e-15)
+    # Hooks that edit the query slot's input reach the query in both models (the paper's model uses
+    # u = W x~_N only while that row is x~_N), and its gradient includes the query's path through W.
+    shift = torch.linspace(-1.0, 1.0, walk.cfg.d_model, dtype=torch.float64)
+    for edit in (lambda a: a.flip(-1), lambda a: a + shift):
+        def hook(act, hook):
+            return torch.cat([act[:, :-1], edit(act[:, -1:])], dim=1)
+
+        for name in ("hook_pos_embed", "blocks.0.hook_resid_pre"):
+            with torch.no_grad():
+                edited = walk.run_with_hooks(tokens, fwd_hooks=[(name, hook)])
+                assert (edited - expected).abs().max() > 1e-3  # the edit changes the output
+                assert torch.allclose(deep.run_with_hooks(tokens, fwd_hooks=[(name, hook)])[:, -1:], edited,
+                                      rtol=0, atol=1e-13)
+    grads = []
+    for model in (walk, deep):
+        store = {}
+
+        def save(grad, hook):
+            store["g"] = grad
+
+        out = model.run_with_hooks(tokens, fwd_hooks=[], bwd_hooks=[("blocks.0.hook_resid_pre", save)])
+        out[:, -1].sum().backward()
+        model.zero_grad()
+        grads.append(store["g"])
+    assert grads[0][:, -1].abs().max() > 1e-3 and torch.allclose(grads[0], grads[1], rtol=0, atol=1e-12)
 
 
 def test_paper_configuration_trains_like_the_paper():

@@ -529,3 +529,81 @@ def test_the_drawing_workers_get_each_figures_results_pickled_before_claims_are_
     outcomes = draw_figures(figures, {}, {}, True, tmp_path, Pool())
     assert len(sent) == 1 and isinstance(sent[0][1], bytes)
     assert outcomes[0].image == "fig02.png" and (tmp_path / "fig02.png").exists()
+
+
+def _known_run(name: str, history: list[dict], **snapshots) -> "RunResult":
+    from experiments.spec import RunResult
+    from rwinterp.tasks import CircleWalk
+
+    return RunResult(walk_run(name, 6, 1.0, 13), history, {k: {history[-1]["step"]: v} for k, v in snapshots.items()},
+                     task=CircleWalk(6, 1.0, 13))
+
+
+def test_fragility_and_lockin_measures_on_known_runs():
+    """The studies' measures on runs whose answers are known: the first step above 1/2 accuracy, the
+    learned shift of a broken deterministic walk, and the number of seeds locked off the parent."""
+    from experiments.specs import fragility, lockin
+
+    accs = [1 / 6, 1 / 6, 0.6, 1.0]
+    history = [{"step": s, "test_accuracy": a} for s, a in enumerate(accs)]
+    K, N = 6, 13  # two positions per residue class mod K
+    attention = np.full(N, 0.01)
+    attention[[2, 8]] = 0.45  # positions 3 and 9 (1-indexed), both 3 mod 6: s_N = s_3 + 10 = s_3 + 4 mod 6
+    shift_V = np.zeros((K, K))
+    shift_V[(np.arange(K) + 4) % K, np.arange(K)] = 1.0
+    two_classes = attention.copy()
+    two_classes[8], two_classes[9] = 0.01, 0.45  # positions 3 and 10: two residue classes
+    results = Results(broke=_known_run("broke", history, attention=attention, V=shift_V),
+                      other_shift=_known_run("other_shift", history, attention=attention, V=np.roll(shift_V, 1, 0)),
+                      two_classes=_known_run("two_classes", history, attention=two_classes, V=shift_V),
+                      never=_known_run("never", history[:2]))
+    assert fragility.break_step(results, "broke") == 2 and math.isnan(fragility.break_step(results, "never"))
+    assert fragility.learned_shift(results, "broke")
+    assert not fragility.learned_shift(results, "other_shift") and not fragility.learned_shift(results, "two_classes")
+    assert fragility.broken_runs(results) == ["broke", "other_shift", "two_classes"]
+    # Lock-in: seeds whose final parent attention is below 1/2.
+    finals = [0.9, 0.2, 0.49, 0.5, 0.99, 0.1]
+    locked = Results({lockin.name(1000, s): _known_run(lockin.name(1000, s), [{"step": 6, "parent_attention": a}])
+                      for s, a in zip(lockin.SEEDS, finals)})
+    assert lockin.locked(locked, 1000) == 3
+
+
+@pytest.mark.parametrize("rows, divided", [
+    ([[0.8, 0.1, 0.1], [0.1, 0.7, 0.2]], True),   # one parent per layer
+    ([[0.5, 0.5, 0.0], [0.2, 0.2, 0.6]], True),   # both in one layer, each at the threshold
+    ([[0.4, 0.9, 0.0], [0.3, 0.2, 0.5]], False),  # s_{N-2} never gets half of a layer
+])
+def test_depth_order_division_of_the_parents(monkeypatch, rows, divided):
+    from experiments.specs import depth_order
+
+    monkeypatch.setattr(depth_order, "parent_rows", lambda results, runs: (np.array(rows), []))
+    assert depth_order._divided(Results({}), "run") is divided
+
+
+def test_recorded_means_over_a_population_weight_each_walk_by_its_probability():
+    """On an enumerated population (the test data of population-mode runs) the recorded attention and
+    averaged-token statistics are expectations over walks, not plain means over the list of walks."""
+    import torch
+
+    from experiments.quantities import averaged_token, averaged_tokens, mean_attention
+    from experiments.spec import StepView
+    from rwinterp.tasks import CircleWalk
+    from tests.conftest import paper_model
+
+    task = CircleWalk(5, 0.8, 7)
+    model = paper_model(task, pos_dim=16, init="gaussian", init_sigma=0.5, seed=3)
+    pop = task.population()
+    w = pop.weights.to(torch.float64)
+    assert float(w.max() / w.min()) > 100  # far from uniform
+    view = StepView(0, model, task, pop)
+    pattern = model.attention(pop.tokens).detach().to(torch.float64)
+    assert np.allclose(mean_attention(view), (w[:, None] * pattern).sum(0).numpy(), rtol=0, atol=1e-15)
+    avg = averaged_tokens(view).to(torch.float64)
+    mean = (w[:, None] * avg).sum(0)
+    stats = averaged_token(view)
+    assert np.allclose(stats["mean"], mean.numpy(), atol=1e-15)
+    assert np.allclose(stats["var"], (w[:, None] * (avg - mean) ** 2).sum(0).numpy(), atol=1e-15)
+    assert not np.allclose(stats["mean"], avg.mean(0).numpy(), atol=1e-6)  # the plain mean differs
+    # Sampled walks (no weights): the plain mean, as before.
+    sampled = StepView(0, model, task, task.sample(50, 1))
+    assert np.array_equal(mean_attention(sampled), sampled.pattern.mean(0).to(torch.float64).numpy())

@@ -118,6 +118,8 @@ def test_transformer_lens_protocol_cache_and_hook_shapes():
     assert logits.shape == (4, 1, 5)
     # Pre-softmax scores, post-softmax pattern.
     assert torch.allclose(cache["pattern", 0][:, 0, 0], torch.softmax(cache["attn_scores", 0][:, 0, 0], -1))
+    # Per-head results (through the block's W_O) are the attention output of the query row.
+    assert torch.equal(cache.stack_head_results(layer=-1, pos_slice=-1)[0], cache["blocks.0.hook_attn_out"][:, -1])
     # run_with_hooks can intervene: zeroing V's output zeroes f.
     out = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: z * 0)])
     assert torch.equal(out, torch.zeros_like(out))
@@ -252,3 +254,29 @@ def test_transformer_lens_patching_runs_unchanged(trained_paper_models):
     assert torch.allclose(k, corrupt_value.to(k.dtype), rtol=1e-2, atol=1e-3)
     every = tl_patching.get_act_patch_attn_head_all_pos_every(model, corrupted.tokens, clean_cache, metric)
     assert every.shape == (5, 1, 1) and every[0].item() == pytest.approx(z.item())  # output, q, k, v, pattern
+
+
+@pytest.mark.parametrize("kind", ["walk", "deep"])
+def test_a_dtype_conversion_follows_into_the_config_of_that_model_only(kind, tmp_path):
+    """``.float()`` sets the model's cfg.dtype, so its saved run rebuilds in float32; another model built
+    from the same config object keeps float64; ``.half()`` is refused and converts nothing."""
+    from rwinterp.deep import DeepConfig, DeepTransformer
+    from rwinterp.runs import load_run, save_run
+
+    task = CircleWalk(5, 0.7, 9)
+    if kind == "walk":
+        cfg, build = WalkTransformerConfig(n_states=5, n_ctx=9, pos_dim=16, init="gaussian", init_sigma=0.1), \
+            WalkTransformer
+    else:
+        cfg, build = DeepConfig.paper(5, 9, 16, init="gaussian", init_sigma=0.1), DeepTransformer
+    a, b = build(cfg), build(cfg)
+    a.float()
+    assert a.cfg.dtype == torch.float32 and b.cfg.dtype == cfg.dtype == torch.float64
+    tokens = task.sample(8, 0).tokens
+    loaded = load_run(save_run(tmp_path / "a", a, task, {}, [], {})).model
+    assert loaded.cfg.dtype == torch.float32 and torch.equal(loaded(tokens), a(tokens))
+    before = {k: v.clone() for k, v in b.state_dict().items()}
+    with pytest.raises(RwinterpError, match="unsupported dtype torch.float16"):
+        b.half()
+    assert all(torch.equal(v, before[k]) and v.dtype == before[k].dtype for k, v in b.state_dict().items())
+    assert b.cfg.dtype == torch.float64

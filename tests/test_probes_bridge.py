@@ -49,6 +49,10 @@ def test_bridge_ov_circuit_with_the_direct_path_reproduces_pi(bridge_comparison)
     s = cmp.trained.flat()
     assert s["transition.argmax_agreement"] == 1.0 and s["transition.kl"] < 0.1
     assert s["transition.behaviour.argmax_agreement"] == 1.0 and s["transition.behaviour.kl"] < 0.05
+    assert (f"the model's logits reproduce the transition matrix (direct and attention paths together: "
+            f"KL(Pi || softmax) = {s['transition.kl']:.3f}, top score right for 100% of states)") in \
+        " ".join(cmp.trained.findings())
+    assert "do not reproduce the transition matrix" in " ".join(cmp.baselines[0].findings())
     for base in cmp.baselines:
         b = base.flat()
         assert b["transition.kl"] > 0.5 and b["transition.behaviour.kl"] > 0.5
@@ -69,3 +73,6 @@ def test_bridge_needs_whole_walks():
         scorecard(model, TASK, Batch(batch.tokens, batch.labels), CFG)
     with pytest.raises(RwinterpError, match="mismatched K"):
         scorecard(model, CircleWalk(5, 0.7, 12), CircleWalk(5, 0.7, 12).sample(4, 0), CFG)
+    # Probed as a query-slot model, against what its vocabulary allows: one line, not an IndexError.
+    with pytest.raises(RwinterpError, match=r"the model cannot read this task's walks \(K=6, N=12\): index out of"):
+        scorecard(model, TASK, batch, ProbeConfig(progress=False, kind="query"))

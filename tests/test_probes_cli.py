@@ -139,3 +139,23 @@ def test_a_corrupted_run_is_refused_in_one_line(runs, tmp_path, capsys, corrupt,
     err = capsys.readouterr().err
     assert err.startswith("rwinterp: error:") and message in err and err.count("\n") == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_probe_prints_the_scorecard_table_with_the_random_column(runs, tmp_path, capsys):
+    """Without --json: the run line, the findings, then one row per headline score with the trained
+    value and the random models' mean, the same numbers as scores.json."""
+    out = tmp_path / "table"
+    capsys.readouterr()
+    assert main(["probe", str(runs / "a"), "--out", str(out), "--baseline", "random", "--seeds", "2", *FAST]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"run         {runs / 'a'}  (circle(K=5, p=0.7, N=9), 60 walks)"
+    findings = [line for line in lines if line.startswith("  - ")]
+    assert findings and lines[1:1 + len(findings)] == findings
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1 + len(findings):-1]}
+    assert lines[-1] == f"report      {out / 'report.md'}"
+    saved = json.loads((out / "scores.json").read_text())
+    for key in REQUIRED:
+        value, label, base = rows[key]
+        assert label == "random" and float(value) == pytest.approx(lookup(saved["scores"], key), abs=5e-5)
+        values = lookup(saved["baseline"]["values"], key)
+        assert float(base) == pytest.approx(sum(values) / len(values), abs=5e-5), key

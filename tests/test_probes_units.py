@@ -170,6 +170,16 @@ def test_comparisons_of_a_matrix_with_pi():
     ones = compare_to_transition(torch.ones(6, 6, dtype=torch.float64), Pi)
     assert ones.ones_cosine == pytest.approx(1) and math.isnan(ones.r2)
     assert math.isnan(compare_to_transition(torch.zeros(6, 6, dtype=torch.float64), Pi).distance)
+    # Ties are judged in the matrix's own dtype: a float32 score one float32 ulp above its rival ties
+    # with it (the smallest index wins), though it would not in float64.
+    Pi7 = circle_transition(6, 0.7)  # state k goes to k+1 (likely) or k-1
+    near_tie = torch.zeros(6, 6, dtype=torch.float32)
+    rows = torch.arange(6)
+    near_tie[rows, (rows - 1) % 6] = 1.0
+    near_tie[rows, (rows + 1) % 6] = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))
+    # Tied in float32, the smaller index wins: k-1, except for states 0 and 5 (k+1 is 1 and 0): 2 of 6 agree.
+    assert compare_to_transition(near_tie, Pi7).argmax_agreement == pytest.approx(2 / 6)
+    assert compare_to_transition(near_tie.double(), Pi7).argmax_agreement == 1.0
     # Weights so large (or small) that their norm overflows (or their squares underflow) compare as any
     # multiple of them does.
     for size in (1e300, 1e-300):
@@ -339,3 +349,55 @@ def test_findings_warn_when_a_patching_ratio_leaves_the_unit_interval():
     warning = "outside [0, 1]"
     assert not any(warning in line for line in findings({**base, "patching.parent_effect": 0.95}))
     assert any(warning in line for line in findings({**base, "patching.parent_effect": 3.74}))
+
+
+def test_the_package_exports_resolve_to_what_they_name():
+    """Each exported name is the function or class it names, whichever way it is imported; no export
+    shares its name with a module (``from probes import scorecard`` would then give either)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import probes
+
+    modules = {m.name for m in pkgutil.iter_modules(probes.__path__)}
+    for name in probes.__all__:
+        assert name not in modules, name
+        value = getattr(probes, name)
+        assert not inspect.ismodule(value) and value.__name__ == name, name
+        assert getattr(importlib.import_module(value.__module__), name) is value
+
+
+def test_a_float32_models_attention_ties_are_judged_in_float32():
+    """The deterministic walk from zero init attends evenly to the N-1 tokens (Theorem 4.1); in float32,
+    with the sine embeddings' round-off, the weights differ by about one float32 ulp. They are ties
+    in the model's precision, so the arg-max rate is 1/(N-1), not whichever position round-off favours."""
+    from rwinterp.training import TrainConfig, train
+
+    task = CircleWalk(6, 1.0, 25)
+    model = paper_model(task, pos_dim=100, pos_embedding="sine", dtype="float32")
+    train(model, task, TrainConfig(steps=3, population=True), progress=False)
+    pop = task.population()
+    a = model.attention(pop.tokens).detach()[:, :-1]
+    assert 0 < float(a.amax() - a.amin()) < 1e-6  # not exactly even
+    scores = attention_probe(model, task, pop, ProbeConfig(progress=False, gradient_walks=0, bootstrap=0)).scores()
+    assert scores["parent_argmax_rate"] == pytest.approx(1 / 24, rel=1e-12)
+
+
+def test_the_transition_headline_of_a_model_with_an_mlp_is_its_behaviour():
+    """With the FC+ReLU layer between V and the output, V alone is not what the model predicts from:
+    the headline is the behaviour matrix, the mean scores given the parent's state (computed here
+    directly from the model's outputs), compared with Pi."""
+    task = CircleWalk(5, 0.7, 9)
+    model = paper_model(task, pos_dim=24, init="gaussian", init_sigma=0.3, seed=2, mlp_width=7)
+    data = task.sample(400, 1)
+    result = transition_probe(model, task, data, ProbeConfig(progress=False))
+    assert result.main_name == "behaviour" and result.skips_mlp
+    with torch.no_grad():
+        scores = model.scores(data.tokens).to(torch.float64)
+    parent = data.tokens[:, -2]
+    expected = torch.stack([scores[parent == k].mean(0) for k in range(5)])
+    assert torch.allclose(result.behaviour.matrix, expected, rtol=0, atol=1e-12)
+    s = result.scores()
+    assert s["distance"] == s["behaviour.distance"] == compare_to_transition(expected, circle_transition(5, 0.7)).distance
+    assert "ov.distance" in s and s["ov.distance"] != s["distance"]

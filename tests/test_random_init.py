@@ -242,3 +242,17 @@ def test_reduced_measurements_are_sane(reduced_results):
     assert math.isinf(ri.breaking_step(results, ri.run_name(ri.READINGS[0], 1.0)))
     attention = paper_p1.final["attention"]
     assert attention.max() / attention.min() < math.exp(0.1)  # scores within +-0.05 (5 sigma)
+
+
+@pytest.mark.parametrize("t05, t1, speedup", [
+    (100.0, 500.0, 5.0),
+    (250.0, math.inf, (1000 + ri.EVERY) / 250),  # p = 1 never halves: a lower bound, as if just after step 1000
+    (math.inf, 300.0, math.nan),  # p = 0.5 never halves: undefined
+])
+def test_kl_speedup_and_its_lower_bound(monkeypatch, t05, t1, speedup):
+    reading = ri.READINGS[0]
+    runs = {ri.run_name(reading, 0.5): t05, ri.run_name(reading, 1.0): t1}
+    monkeypatch.setattr(ri, "kl_half_step", lambda results, run, key: runs[run])
+    results = Results({run: RunResult(walk_run(run, 6, 1.0, 97), [{"step": 1000}], {}) for run in runs})
+    measured = ri.kl_speedup(results, reading, "kl")
+    assert (math.isnan(measured) and math.isnan(speedup)) or measured == pytest.approx(speedup, rel=1e-15)

@@ -288,12 +288,13 @@ def test_training_is_deterministic():
 
 
 def test_bad_inputs_raise():
-    with pytest.raises(ValueError):
+    """Each refusal is the library's own one-line error (TransformerLens would raise ValueErrors of its own)."""
+    with pytest.raises(RwinterpError, match=r"d_model \(10\) must be divisible by n_heads \(3\)"):
         build_standard_model(5, 16, d_model=10, n_heads=3)
     model = build_standard_model(K, 4, d_model=8)
-    with pytest.raises(ValueError):
-        train_standard_model(model, torch.zeros(2, 5, dtype=torch.long), steps=1)  # > n_ctx
-    with pytest.raises(ValueError):
-        train_standard_model(model, torch.full((2, 3), K), steps=1)  # token out of range
-    with pytest.raises(ValueError):
+    with pytest.raises(RwinterpError, match="sequence length 5 exceeds n_ctx=4"):
+        train_standard_model(model, torch.zeros(2, 5, dtype=torch.long), steps=1)
+    with pytest.raises(RwinterpError, match=rf"token ids must lie in \[0, {K}\), got range \[{K}, {K}\]"):
+        train_standard_model(model, torch.full((2, 3), K), steps=1)
+    with pytest.raises(RwinterpError, match="does not hold config.json and model.safetensors"):
         load_standard_model("/nonexistent/rwinterp-standard")

@@ -20,8 +20,16 @@ def test_circle_transition_matrix_is_circulant_and_stochastic():
 
 @pytest.mark.parametrize("p", [0.0, 0.2, 0.5, 0.9, 1.0])
 def test_bayes_accuracy_is_max_p(p):
+    """max(p, 1-p), against the Bayes predictor's accuracy over the exact population of walks (the
+    most likely next state of the parent, ties to the smaller index as in prediction)."""
     task = CircleWalk(6, p, 10)
-    assert task.bayes_accuracy() == max(p, 1 - p)
+    pop = task.population()
+    conditional = task.conditional(pop.tokens)
+    best = conditional.max(1, keepdim=True).values
+    choice = (conditional >= best - 1e-12).to(torch.int8).argmax(1)
+    exact = float((pop.weights * (choice == pop.labels).to(torch.float64)).sum())
+    # Under a tie (p = 0.5) either neighbour is right half the time.
+    assert task.bayes_accuracy() == max(p, 1 - p) == pytest.approx(exact, rel=1e-12)
     # The generic Markov-chain formula agrees.
     assert MarkovChain.bayes_accuracy(task) == pytest.approx(max(p, 1 - p))
 

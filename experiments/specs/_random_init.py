@@ -344,7 +344,7 @@ def breaking_step(results: Results, run: str) -> float:
 
 def first_step_above(results: Results, run: str, key: str, threshold: float) -> float:
     """First step whose history ``key`` exceeds ``threshold`` (inf if none)."""
-    return float(next((h["step"] for h in results[run].history if h[key] > threshold), math.inf))
+    return results[run].first_step(lambda h: h[key] > threshold)
 
 
 def full_step(results: Results, run: str) -> float:

@@ -41,10 +41,7 @@ def walk_panels(run: str, K: int, bayes: float, steps: int) -> list[Panel]:
 def first_step_within(results: Results, run: str, target: float) -> float:
     """First step whose test accuracy lies within 3 standard errors of ``target`` (inf if none)."""
     tol = binomial_tol(target, len(results[run].test))
-    for h in results[run].history:
-        if abs(h["test_accuracy"] - target) <= tol:
-            return float(h["step"])
-    return float("inf")
+    return results[run].first_step(lambda h: abs(h["test_accuracy"] - target) <= tol)
 
 
 def learning_figure(fig_id: str, K: int, N: int, p: float = 0.5, steps: int = 50,

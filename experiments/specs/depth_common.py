@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from experiments.quantities import over_walks
 from experiments.spec import Record, Results, RunSpec
 from rwinterp.deep import standard_options
 
@@ -31,10 +32,7 @@ def deep_run(name: str, task: dict[str, Any], model: Optional[dict] = None, trai
 
 def first_step(results: Results, run: str, threshold: float) -> float:
     """First step whose test accuracy is at least ``threshold`` (inf if never)."""
-    for h in results[run].history:
-        if h["test_accuracy"] >= threshold:
-            return float(h["step"])
-    return math.inf
+    return results[run].first_step(lambda h: h["test_accuracy"] >= threshold)
 
 
 def query_attention(results: Results, run: str) -> np.ndarray:
@@ -46,9 +44,7 @@ def query_attention(results: Results, run: str) -> np.ndarray:
     def compute() -> np.ndarray:
         with torch.no_grad():
             pattern = r.model.attention(r.test.tokens).to(torch.float64)  # [B, L, H, N]
-        w = r.test.weights
-        mean = pattern.mean(0) if w is None else torch.einsum("b,blhn->lhn", w.to(torch.float64), pattern)
-        return mean.numpy()
+        return over_walks(pattern, r.test.weights).numpy()
 
     return r.memo("query_attention", compute)
 

@@ -39,10 +39,7 @@ RUNS = [walk_run(name(K, pe, dt), K, 1.0, N, model={"pos_embedding": pe, "dtype"
 
 def break_step(results: Results, run: str) -> float:
     """First step at which test accuracy exceeds 1/2 (NaN if it never does)."""
-    for h in results[run].history:
-        if h["test_accuracy"] > 0.5:
-            return float(h["step"])
-    return math.nan
+    return results[run].first_step(lambda h: h["test_accuracy"] > 0.5, never=math.nan)
 
 
 def asymmetric_steps(results: Results, run: str) -> int:
