@@ -399,5 +399,6 @@ def test_the_transition_headline_of_a_model_with_an_mlp_is_its_behaviour():
     expected = torch.stack([scores[parent == k].mean(0) for k in range(5)])
     assert torch.allclose(result.behaviour.matrix, expected, rtol=0, atol=1e-12)
     s = result.scores()
-    assert s["distance"] == s["behaviour.distance"] == compare_to_transition(expected, circle_transition(5, 0.7)).distance
+    direct = compare_to_transition(expected, circle_transition(5, 0.7))
+    assert s["distance"] == s["behaviour.distance"] == direct.distance
     assert "ov.distance" in s and s["ov.distance"] != s["distance"]
