@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 from rwinterp.cli import command, print_json
 from rwinterp.errors import require
@@ -22,8 +23,9 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
                    help="probe on the first N of the run's test walks (default: all of them)")
     g.add_argument("--seed", type=int, default=0, help="seeds the corrupted walks and the bootstrap (default 0)")
     g.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for intervals (default 200)")
-    g.add_argument("--gradient-walks", type=int, default=100,
-                   help="walks used for gradient x input attribution (default 100)")
+    g.add_argument("--gradient-walks", type=int, default=None,
+                   help="walks used for gradient x input attribution (default 100, or all if fewer; a "
+                        "population run attributes every walk)")
     parser.add_argument("--json", action="store_true", help="print the scores as one JSON object on stdout")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -43,39 +45,52 @@ def _config(args: argparse.Namespace) -> Any:
     from probes.config import ProbeConfig
 
     require(args.walks is None or args.walks >= 2, f"--walks must be >= 2, got {args.walks}")
-    return ProbeConfig(seed=args.seed, bootstrap=args.bootstrap, gradient_walks=args.gradient_walks,
-                       progress=False if (args.no_progress or args.json) else None)
+    given = {} if args.gradient_walks is None else {"gradient_walks": args.gradient_walks}
+    return ProbeConfig(seed=args.seed, bootstrap=args.bootstrap, progress=False if (args.no_progress or args.json)
+                       else None, **given)
 
 
-def _load(path: str, walks: int | None) -> tuple[Any, Any]:
+def _load(path: str, args: argparse.Namespace) -> tuple[Any, Any]:
+    """The run and the test data it is probed on; options the data cannot honour are refused."""
     from probes.targets import restrict, run_test_walks
     from rwinterp.runs import load_run
 
     run = load_run(path)
     data = run_test_walks(run)
-    require(walks is None or walks <= len(data),
-            f"--walks {walks}, but {path} has {len(data)} test {run.task.sample_name}s")
-    return run, restrict(data, walks)
+    name = run.task.sample_name
+    require(args.walks is None or args.walks <= len(data),
+            f"--walks {args.walks}, but {path} has {len(data)} test {name}s")
+    data = restrict(data, args.walks)
+    if args.gradient_walks is not None:
+        require(data.weights is None, f"--gradient-walks does not apply to {path}: its test data is the whole "
+                                      f"population, and every {name} of it is attributed")
+        require(args.gradient_walks <= len(data),
+                f"--gradient-walks {args.gradient_walks}, but {path} is probed on {len(data)} test {name}s")
+    return run, data
 
 
-def _check_out(path: str) -> None:
-    """A bad --out is refused before any probing."""
+def _check_out(path: str, runs: Sequence[str]) -> None:
+    """A bad --out is refused before any probing, and so is one inside a run directory (the run
+    would then hold what a run does not, and could not be replaced by training again)."""
     from probes.report import REPORT_FILES
     from rwinterp.atomic import check_target
 
-    check_target(path, "report", REPORT_FILES)
+    target = check_target(path, "report", REPORT_FILES).resolve()
+    for run in runs:
+        require(run == "" or not target.is_relative_to(Path(run).resolve()),
+                f"--out {path} lies inside the run directory {run}; write the report elsewhere")
 
 
 def _probe(args: argparse.Namespace) -> int:
     require(args.seeds is None or args.baseline is not None, "--seeds needs --baseline random")
     seeds = 5 if args.seeds is None else args.seeds
     require(1 <= seeds <= MAX_SEEDS, f"--seeds must be in [1, {MAX_SEEDS}], got {seeds}")
-    _check_out(args.out)
+    _check_out(args.out, [args.run])
     config = _config(args)
     from probes.report import summary_json, write_probe_report
     from probes.scorecard import compare_to_random, scorecard
 
-    run, data = _load(args.run, args.walks)
+    run, data = _load(args.run, args)
     card = scorecard(run.model, run.task, data, config)
     comparison = None
     if args.baseline == "random":
@@ -114,14 +129,14 @@ def _compare_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Name
 
 
 def _compare(args: argparse.Namespace) -> int:
-    _check_out(args.out)
+    _check_out(args.out, [args.run_a, args.run_b])
     config = _config(args)
     from probes.report import write_compare_report
     from probes.scorecard import compare, scorecard
 
     cards, sources = [], []
     for path in (args.run_a, args.run_b):
-        run, data = _load(path, args.walks)
+        run, data = _load(path, args)
         cards.append(scorecard(run.model, run.task, data, config))
         sources.append(f"{path}  ({run.task.describe()}, {len(data)} {run.task.sample_name}s)")
     result = compare(cards[0], cards[1], ("A", "B"))

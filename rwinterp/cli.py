@@ -163,7 +163,7 @@ def add_deep_arguments(parser: argparse.ArgumentParser) -> None:
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("training (defaults: the paper's Fig 4)")
     g.add_argument("--lr", type=float, default=1.0, help="learning rate (default 1)")
-    g.add_argument("--eps", type=float, default=0.1, help="eps of the loss -log(f_y + eps) (default 0.1)")
+    g.add_argument("--eps", type=float, default=None, help="eps of the loss -log(f_y + eps) (default 0.1)")
     g.add_argument("--steps", type=int, default=50, help="gradient steps (default 50)")
     g.add_argument("--loss", choices=["log", "xent", "squared"], default="log", help="default: the paper's log")
     g.add_argument("--optimizer", choices=["gd", "sgd", "adamw"], default="gd",
@@ -322,13 +322,17 @@ def _train(args: argparse.Namespace) -> int:
         if args.population and given is not None:
             raise RwinterpError(f"--{flag} does not apply to --population (it trains and tests on the whole "
                                 "population)")
+    if args.eps is not None and args.loss != "log":
+        raise RwinterpError(f"--eps applies to the paper's loss -log(f_y + eps) (--loss log), "
+                            f"not to --loss {args.loss}")
     task = make_task(args)
     train_cfg = TrainConfig(
-        lr=args.lr, eps=args.eps, steps=args.steps, loss=args.loss, optimizer=args.optimizer,
+        lr=args.lr, steps=args.steps, loss=args.loss, optimizer=args.optimizer,
         batch_size=args.batch_size, weight_decay=args.weight_decay, population=args.population, seed=args.seed,
         next_token=args.next_token, reduction=args.reduction,
-        # (the sizes, when given: TrainConfig's defaults are the paper's 1000 and 1000)
-        **{k: v for k, v in (("n_train", args.n_train), ("n_test", args.n_test)) if v is not None},
+        # (eps and the sizes, when given: TrainConfig's defaults are the paper's 0.1, 1000 and 1000)
+        **{k: v for k, v in (("eps", args.eps), ("n_train", args.n_train), ("n_test", args.n_test))
+           if v is not None},
     )
     if args.population:  # refuse before building the model
         from rwinterp.tasks import check_population_size
@@ -371,7 +375,8 @@ def _train(args: argparse.Namespace) -> int:
               f"dtype={args.dtype} init={cfg.init_label()}")
     else:
         print(f"model       {cfg.describe()}")
-    print(f"training    {train_cfg.optimizer} lr={train_cfg.lr} eps={train_cfg.eps} steps={train_cfg.steps} "
+    eps = f" eps={train_cfg.eps}" if train_cfg.loss == "log" else ""
+    print(f"training    {train_cfg.optimizer} lr={train_cfg.lr}{eps} steps={train_cfg.steps} "
           f"loss={train_cfg.loss}{' (summed)' if train_cfg.reduction == 'sum' else ''}"
           f"{' next-token' if train_cfg.next_token else ''} ({result.train_seconds:.2f} s)")
     # (a next-token model is scored here on the label alone; the probes score every position it predicts)
@@ -405,6 +410,15 @@ def _train(args: argparse.Namespace) -> int:
 COMMAND_MODULES = ("probes.cli", "experiments.cli")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rwinterp")
+    except PackageNotFoundError:  # (run from a source tree that was not installed)
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
@@ -415,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name != module:
                 raise
     parser = _Parser(prog="rwinterp", description=__doc__.splitlines()[0].replace("``", ""))
+    parser.add_argument("--version", action="version", version=f"rwinterp {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     handlers, parsers = {}, {}
     for name, configure in COMMANDS.items():
@@ -425,15 +440,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    try:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+    except KeyboardInterrupt:  # while the command modules load
+        sys.stderr.write("rwinterp: interrupted\n")
+        return 130
     if args.command is None:
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
         parser.print_help()
         return 2
     if extra:  # reported by the sub-command, whose --help is the one to read
         args._parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     previous = _on_terminate(_terminate)
     try:
+        _import_numerics()
         return args._handlers[args.command](args)
     except _Terminated:
         sys.stderr.write("rwinterp: terminated\n")
@@ -461,6 +483,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         _on_terminate(previous)
+
+
+def _import_numerics() -> None:
+    """Import numpy and torch (every command needs them) with Ctrl-C and SIGTERM held back.
+
+    An interrupt that lands inside their extension modules' initialisation can be swallowed or abort
+    the process; held, it is delivered when they are loaded, and the command ends as on any other
+    interrupt. (Off the main thread, where Python handles no signals, they are imported plainly.)"""
+    held = {signal.SIGINT, signal.SIGTERM}
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held) if main_thread else None
+    try:
+        import numpy  # noqa: F401
+        import torch  # noqa: F401
+    finally:
+        if previous is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class _Terminated(BaseException):

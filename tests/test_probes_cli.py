@@ -85,12 +85,31 @@ def test_compare_two_runs(runs, capsys):
     (["probe", "{root}/a", "--out", "{root}/r4", "--bootstrap", "1"],
      "bootstrap must be 0 (no intervals) or at least 40 resamples for a 95% interval, got 1"),
     (["probe", "", "--out", "{root}/r5"], "not a run directory: the name is empty"),
+    (["probe", "{root}/a", "--out", "{root}/a/report"], "--out {root}/a/report lies inside the run directory"),
+    (["compare", "{root}/a", "{root}/b", "--out", "{root}/b/report"], "lies inside the run directory {root}/b"),
+    (["probe", "{root}/a", "--out", "{root}/r6", "--gradient-walks", "81"],
+     "--gradient-walks 81, but {root}/a is probed on 80 test walks"),
+    (["probe", "{root}/a", "--out", "{root}/r6", "--walks", "20", "--gradient-walks", "21"],
+     "--gradient-walks 21, but {root}/a is probed on 20 test walks"),
 ])
 def test_bad_input_is_one_line_and_exit_2(runs, capsys, args, message):
     capsys.readouterr()
     assert main([a.format(root=runs) for a in args]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("rwinterp: error:") and message in err and err.count("\n") == 1
+    assert err.startswith("rwinterp: error:") and message.format(root=runs) in err and err.count("\n") == 1
+
+
+def test_gradient_walks_do_not_apply_to_a_population_run(tmp_path, capsys):
+    """A population run's test data is attributed walk by walk in full: a --gradient-walks count would be
+    recorded but not used, so it is refused."""
+    run = tmp_path / "pop"
+    assert main(["train", "--K", "5", "--N", "6", "--M", "10", "--p", "0.7", "--population", "--steps", "1",
+                 "--no-progress", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["probe", str(run), "--out", str(tmp_path / "r"), "--gradient-walks", "10", "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip() == (f"rwinterp: error: --gradient-walks does not apply to {run}: its test "
+                                               "data is the whole population, and every walk of it is attributed")
+    assert main(["probe", str(run), "--out", str(tmp_path / "r"), "--no-progress", "--bootstrap", "0"]) == 0
 
 
 @pytest.mark.parametrize("corrupt, message", [

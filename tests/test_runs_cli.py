@@ -1,6 +1,7 @@
 """Saved runs and the command line: round trips, JSON output, one-line errors."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -285,3 +286,49 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly():
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait() == 1 and err == ""
+
+
+def test_ctrl_c_while_torch_loads_ends_the_command_as_any_interrupt(monkeypatch):
+    """An interrupt sent while numpy and torch initialise is held until they are loaded (inside their
+    extension modules it could be swallowed or abort the process), then raised as usual."""
+    import builtins
+    import os
+    import signal
+
+    from rwinterp import cli
+
+    real_import, steps = builtins.__import__, []
+
+    def interrupted_import(name, *args, **kwargs):
+        if name == "torch":
+            os.kill(os.getpid(), signal.SIGINT)
+            steps.append("torch still loading")  # not reached if the interrupt were delivered at once
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted_import)
+    with pytest.raises(KeyboardInterrupt):
+        cli._import_numerics()
+    assert steps == ["torch still loading"]
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # unblocked again
+
+
+def test_version_and_unknown_top_level_options(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and re.fullmatch(r"rwinterp \d+\.\d+\.\d+\n", capsys.readouterr().out)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--bogus"])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 2 and captured.out == ""
+    assert captured.err.strip() == "rwinterp: error: unrecognized arguments: --bogus (see rwinterp --help)"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--loss", "xent", "--eps", "0.5"], "--eps applies to the paper's loss -log(f_y + eps) (--loss log), "
+                                         "not to --loss xent"),
+    (["--population", "--optimizer", "adamw", "--batch-size", "8"],
+     "population mode trains on the exact expectation, in one full batch: a batch size does not apply"),
+])
+def test_options_the_training_would_ignore_are_refused(capsys, args, message):
+    assert main(["train", "--K", "5", "--N", "6", "--M", "10", "--steps", "1", *args]) == 2
+    assert capsys.readouterr().err.strip() == f"rwinterp: error: {message}"
