@@ -488,18 +488,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _import_numerics() -> None:
     """Import numpy and torch (every command needs them) with Ctrl-C and SIGTERM held back.
 
-    An interrupt that lands inside their extension modules' initialisation can be swallowed or abort
-    the process; held, it is delivered when they are loaded, and the command ends as on any other
-    interrupt. (Off the main thread, where Python handles no signals, they are imported plainly.)"""
-    held = {signal.SIGINT, signal.SIGTERM}
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held) if main_thread else None
+    An interrupt raised inside their extension modules' initialisation can be swallowed or abort the
+    process. While they load, the two signals are only noted; once they are loaded, a noted signal is
+    raised again, and the command ends as on any other interrupt. (Off the main thread, where Python
+    handles no signals, they are imported plainly.)"""
+    if threading.current_thread() is not threading.main_thread():
+        import torch  # noqa: F401
+
+        return
+    noted: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: noted.append(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         import numpy  # noqa: F401
         import torch  # noqa: F401
     finally:
-        if previous is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if noted:
+        signal.raise_signal(noted[0])
 
 
 class _Terminated(BaseException):

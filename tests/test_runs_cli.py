@@ -309,7 +309,7 @@ def test_ctrl_c_while_torch_loads_ends_the_command_as_any_interrupt(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         cli._import_numerics()
     assert steps == ["torch still loading"]
-    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # unblocked again
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
 def test_version_and_unknown_top_level_options(capsys):
