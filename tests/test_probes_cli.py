@@ -65,12 +65,13 @@ def test_compare_two_runs(runs, capsys):
     assert {"comparison.png", "a_attention.png", "b_patching.png", "report.md", "scores.json"} <= {
         p.name for p in out.iterdir()}
     # Printed: which run is A and which B, on which task; runs of different tasks are said to differ.
-    assert main(["compare", str(runs / "a"), str(runs / "b"), "--out", str(out), *FAST]) == 0
+    quick = ["--walks", "20", "--bootstrap", "0", "--gradient-walks", "5", "--no-progress"]
+    assert main(["compare", str(runs / "a"), str(runs / "b"), "--out", str(out), *quick]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith(f"A           {runs / 'a'}  (") and "p=0.7" in lines[0] and "60 walks" in lines[0]
+    assert lines[0].startswith(f"A           {runs / 'a'}  (") and "p=0.7" in lines[0] and "20 walks" in lines[0]
     assert lines[1].startswith(f"B           {runs / 'b'}  (") and "p=1" in lines[1]
     assert lines[2].strip() == "(the runs' tasks differ: each is scored on its own task's test data)"
-    assert main(["compare", str(runs / "a"), str(runs / "a"), "--out", str(out), *FAST]) == 0
+    assert main(["compare", str(runs / "a"), str(runs / "a"), "--out", str(out), *quick]) == 0
     assert "tasks differ" not in capsys.readouterr().out
 
 
