@@ -488,8 +488,8 @@ class WalkTransformer(HookedWalkModel):
         the scores gain ``x~_i^T W (q - x~_N)``, with ``W s = W_init s + (u - W_init x~_N)
         (x~_N . s) / ||x~_N||^2`` (:attr:`W`). The shift is exactly zero for an unedited row, so the
         outputs stay bit-identical; it is still formed when a gradient is wanted (backward hooks,
-        gradient x input), so that the query's gradient includes its path through W. None when
-        neither applies.
+        gradient x input), so that the query's gradient includes its path through W, except for a
+        Gaussian-initialised model too large to keep its initial W. None when neither applies.
         """
         cfg = self.cfg
 
@@ -499,11 +499,13 @@ class WalkTransformer(HookedWalkModel):
         as_query = seen if cfg.normalize_query else (lambda rows: rows)
         rows = resid[:, -1]
         shift = as_query(rows) - as_query(self.W_pos[-1].expand_as(rows))
-        if not shift.requires_grad and not bool(shift.ne(0).any()):
+        edited = bool(shift.ne(0).any())
+        if not edited and not shift.requires_grad:
             return None
         if cfg.init == "gaussian" and self.W_init.numel() == 0:
-            raise RwinterpError("an edit of the query slot's input needs the initial W, which this "
+            require(not edited, "an edit of the query slot's input needs the initial W, which this "
                                 "Gaussian-initialised model was too large to keep")
+            return None  # (unedited: the query's gradient leaves out its path through W, which is not kept)
         q = self.query_vector()
         along = (shift @ q / q.pow(2).sum())[:, None]  # [batch, 1]
         W_shift = along * self.u[None]

@@ -74,8 +74,9 @@ def test_paper_configuration_gives_the_paper_models_outputs(options):
         def save(grad, hook):
             store["g"] = grad
 
-        out = model.run_with_hooks(tokens, fwd_hooks=[], bwd_hooks=[("blocks.0.hook_resid_pre", save)])
+        out = model.run_with_hooks(tokens, bwd_hooks=[("blocks.0.hook_resid_pre", save)], reset_hooks_end=False)
         out[:, -1].sum().backward()
+        model.reset_hooks()
         model.zero_grad()
         grads.append(store["g"])
     assert grads[0][:, -1].abs().max() > 1e-3 and torch.allclose(grads[0], grads[1], rtol=0, atol=1e-12)

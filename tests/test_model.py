@@ -74,6 +74,22 @@ def test_W_maps_the_query_to_u_and_is_drawn_at_the_papers_scale(init):
                                                 init_sigma=0.01, seed=0))
     expected = 0.01 * float(big.query_vector().norm())
     assert float(big.u.detach().std()) == pytest.approx(expected, rel=0.05)
+    # Too large to keep its initial W: gradients through the embeddings still run (without the query's
+    # path through W), and only an actual edit of the query slot's input is refused.
+    assert big.W_init.numel() == 0
+    tokens = CircleWalk(6, 0.7, 9).sample(4, 0).tokens
+    grads = {}
+    out = big.run_with_hooks(tokens, bwd_hooks=[("blocks.0.hook_resid_pre", lambda g, hook: grads.update(g=g))],
+                             reset_hooks_end=False)
+    out.sum().backward()
+    big.reset_hooks()
+    assert grads["g"].shape == (4, 9, 3006)
+
+    def scale_query(act, hook):
+        return torch.cat([act[:, :-1], 2 * act[:, -1:]], dim=1)
+
+    with pytest.raises(RwinterpError, match="needs the initial W, which this Gaussian-initialised model was too"):
+        big.run_with_hooks(tokens, fwd_hooks=[("hook_pos_embed", scale_query)])
 
 
 def test_the_linear_fc_layer_is_the_product_of_A_and_V():
