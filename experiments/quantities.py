@@ -7,7 +7,7 @@ model's test scores and attention pattern at that step). Register more with
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from einops import einsum
 
 from experiments.spec import StepView, quantity
+from rwinterp.losses import average
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -27,18 +28,10 @@ def value_matrix(view: StepView) -> np.ndarray:
     return _np(view.model.V)
 
 
-def over_walks(values: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
-    """The mean over the first axis (the test walks); weighted by the walks' probabilities when the
-    test data is an enumerated population (``weights``, summing to one)."""
-    if weights is None:
-        return values.mean(0)
-    return torch.einsum("b,b...->...", weights.to(values.dtype), values)
-
-
 @quantity("attention")
 def mean_attention(view: StepView) -> np.ndarray:
     """Mean attention of the query slot on each of the N positions over the test walks."""
-    return _np(over_walks(view.pattern, view.test.weights))
+    return _np(average(view.pattern, view.test.weights))
 
 
 def averaged_tokens(view: StepView) -> torch.Tensor:
@@ -52,11 +45,8 @@ def averaged_tokens(view: StepView) -> torch.Tensor:
 def averaged_token(view: StepView) -> dict[str, Any]:
     """The averaged token of the first test walk, and the mean and per-coordinate variance over walks."""
     avg = averaged_tokens(view).to(torch.float64)
-    w = view.test.weights
-    if w is None:
-        return {"example": _np(avg[0]), "mean": _np(avg.mean(0)), "var": _np(avg.var(0, unbiased=False))}
-    mean = over_walks(avg, w)
-    return {"example": _np(avg[0]), "mean": _np(mean), "var": _np(over_walks((avg - mean) ** 2, w))}
+    mean = average(avg, view.test.weights)
+    return {"example": _np(avg[0]), "mean": _np(mean), "var": _np(average((avg - mean) ** 2, view.test.weights))}
 
 
 @quantity("v_column_spread")

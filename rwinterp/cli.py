@@ -440,21 +440,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    previous = _on_terminate(_terminate)
     try:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
-    except KeyboardInterrupt:  # while the command modules load
-        sys.stderr.write("rwinterp: interrupted\n")
-        return 130
-    if args.command is None:
-        if extra:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        parser.print_help()
-        return 2
-    if extra:  # reported by the sub-command, whose --help is the one to read
-        args._parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
-    previous = _on_terminate(_terminate)
-    try:
+        if args.command is None:
+            if extra:
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            parser.print_help()
+            return 2
+        if extra:  # reported by the sub-command, whose --help is the one to read
+            args._parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
         _import_numerics()
         return args._handlers[args.command](args)
     except _Terminated:
@@ -492,13 +488,9 @@ def _import_numerics() -> None:
     process. While they load, the two signals are only noted; once they are loaded, a noted signal is
     raised again, and the command ends as on any other interrupt. (Off the main thread, where Python
     handles no signals, they are imported plainly.)"""
-    if threading.current_thread() is not threading.main_thread():
-        import torch  # noqa: F401
-
-        return
     noted: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: noted.append(signum))
-                for s in (signal.SIGINT, signal.SIGTERM)}
+    held = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+    previous = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in held}
     try:
         import numpy  # noqa: F401
         import torch  # noqa: F401

@@ -36,11 +36,12 @@ def per_sample_loss(
     raise AssertionError  # unreachable
 
 
-def average(values: Float[Tensor, " batch"], weights: Float[Tensor, " batch"] | None) -> Tensor:
-    """Mean over samples, or the weighted sum when ``weights`` (probabilities) are given."""
+def average(values: Float[Tensor, "batch *rest"], weights: Float[Tensor, " batch"] | None) -> Tensor:
+    """Mean over the samples (the first axis), or the weighted sum over them when ``weights``
+    (the samples' probabilities, an enumerated population) are given."""
     if weights is None:
-        return values.mean()
-    return (values * weights.to(values.dtype)).sum()
+        return values.mean(0)
+    return (values * weights.to(values.dtype).reshape(-1, *[1] * (values.ndim - 1))).sum(0)
 
 
 def loss(

@@ -80,10 +80,10 @@ class TrainConfig:
                 "a batch size needs --optimizer sgd or adamw (gd is full-batch gradient descent)")
         require_seed(self.seed)
         require(self.n_train >= 1 and self.n_test >= 1, "n-train and n-test must be >= 1")
-        require(self.batch_size is None or self.population or self.batch_size <= self.n_train,
-                f"batch size {self.batch_size} is larger than the {self.n_train} training samples")
         require(not (self.population and self.batch_size is not None),
                 "population mode trains on the exact expectation, in one full batch: a batch size does not apply")
+        require(self.batch_size is None or self.batch_size <= self.n_train,
+                f"batch size {self.batch_size} is larger than the {self.n_train} training samples")
         require(self.reduction in REDUCTIONS,
                 f"reduction must be one of {', '.join(REDUCTIONS)}, got {self.reduction!r}")
         require(not (self.population and self.optimizer == "sgd"),

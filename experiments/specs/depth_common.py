@@ -12,9 +12,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from experiments.quantities import over_walks
 from experiments.spec import Record, Results, RunSpec
 from rwinterp.deep import standard_options
+from rwinterp.losses import average
 
 #: ``DeepConfig.standard(K, N, 32)`` as model fields: learned tokens and added learned positions,
 #: factored QK scaled by 1/sqrt(d_head), residual stream, causal attention, learned readout, GPT-2 init.
@@ -44,7 +44,7 @@ def query_attention(results: Results, run: str) -> np.ndarray:
     def compute() -> np.ndarray:
         with torch.no_grad():
             pattern = r.model.attention(r.test.tokens).to(torch.float64)  # [B, L, H, N]
-        return over_walks(pattern, r.test.weights).numpy()
+        return average(pattern, r.test.weights).numpy()
 
     return r.memo("query_attention", compute)
 
