@@ -17,6 +17,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Callable, Sequence
 
+from rwinterp import stopping
 from rwinterp.errors import RwinterpError, require
 
 
@@ -49,7 +50,9 @@ def check_target(target: str | Path, kind: str, files: Sequence[str]) -> Path:
 
 
 def publish(tmp: Path, target: Path) -> None:
-    """Rename the finished directory ``tmp`` (a sibling of ``target``) to ``target``, replacing it."""
+    """Rename the finished directory ``tmp`` (a sibling of ``target``) to ``target``, replacing it;
+    not after a stop was asked for (:func:`rwinterp.stopping.check` raises it instead)."""
+    stopping.check()
     if target.exists():
         old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
         target.rename(old)

@@ -16,6 +16,7 @@ import sys
 import threading
 from typing import Any, Callable, Sequence
 
+from rwinterp import stopping
 from rwinterp.errors import RwinterpError
 
 COMMANDS: dict[str, Callable[[argparse.ArgumentParser], Callable[[argparse.Namespace], int]]] = {}
@@ -440,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    previous = _on_terminate(_terminate)
+    restore = stopping.install()
     try:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
@@ -452,8 +453,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if extra:  # reported by the sub-command, whose --help is the one to read
             args._parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
         _import_numerics()
-        return args._handlers[args.command](args)
-    except _Terminated:
+        status = args._handlers[args.command](args)
+        stopping.check()  # a stop whose exception a finaliser swallowed still ends the command as a stop
+        return status
+    except stopping.Terminated:
         sys.stderr.write("rwinterp: terminated\n")
         return 128 + signal.SIGTERM
     except RwinterpError as exc:
@@ -478,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("rwinterp: interrupted\n")
         return 130
     finally:
-        _on_terminate(previous)
+        restore()
 
 
 def _import_numerics() -> None:
@@ -499,23 +502,6 @@ def _import_numerics() -> None:
             signal.signal(s, handler)
     if noted:
         signal.raise_signal(noted[0])
-
-
-class _Terminated(BaseException):
-    """SIGTERM (``kill``, a timeout) while a command runs: unwound like Ctrl-C, so that what it was
-    writing (a run, a report, a reproduction's scratch directory) is removed, not left half-written."""
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise _Terminated()
-
-
-def _on_terminate(handler: Any) -> Any:
-    """Install ``handler`` for SIGTERM and return the one it replaces (nothing off the main thread,
-    where Python cannot handle signals)."""
-    if handler is None or threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, handler)
 
 
 if __name__ == "__main__":

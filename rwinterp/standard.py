@@ -91,6 +91,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from rwinterp import stopping
 from rwinterp.errors import RwinterpError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -323,6 +324,7 @@ def train_standard_model(
     model.train()
     try:
         for step in tqdm(range(steps), disable=not progress, desc="train", leave=False):
+            stopping.check()  # a Ctrl-C or SIGTERM whose exception was lost (see rwinterp.stopping)
             if full_batch:
                 batch = data
             else:

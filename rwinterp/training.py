@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from rwinterp import losses
+from rwinterp import losses, stopping
 from rwinterp.errors import RwinterpError, from_dict_checked, require, require_seed
 from rwinterp.metrics import accuracy, parent_attention, transition_distance
 from rwinterp.model import WalkTransformer
@@ -273,6 +273,7 @@ def train(
     changing = [*model.parameters(), *decaying]
     last_good = [p.detach().clone() for p in changing]
     for step in bar:
+        stopping.check()  # a Ctrl-C or SIGTERM whose exception was lost (see rwinterp.stopping)
         store: dict[str, Any] = {}
         logits = logits_and_pattern(model, train_data.tokens, store)
         scores = logits[:, -1, :]

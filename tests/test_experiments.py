@@ -164,7 +164,7 @@ def test_a_terminated_reproduction_leaves_nothing_behind(tmp_path):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM and err.strip() == "rwinterp: terminated"
+    assert (proc.returncode, err.strip()) == (128 + signal.SIGTERM, "rwinterp: terminated"), err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -312,6 +312,71 @@ def test_ctrl_c_while_torch_loads_ends_the_command_as_any_interrupt(monkeypatch)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
+class _StopInFinaliser:
+    """An object whose finaliser sends ``signum`` to this process and goes on: the handler's exception,
+    raised inside ``__del__``, is swallowed by Python (reported only as "Exception ignored")."""
+
+    def __init__(self, signum):
+        self.signum = signum
+
+    def __del__(self):
+        import signal
+
+        signal.raise_signal(self.signum)  # to this thread, whose handler runs before the call returns
+
+
+@pytest.mark.parametrize("signame, status, message", [("SIGTERM", 143, "rwinterp: terminated"),
+                                                      ("SIGINT", 130, "rwinterp: interrupted")])
+def test_a_stop_lost_in_a_finaliser_still_stops_the_command(tmp_path, monkeypatch, capsys, signame, status, message):
+    """A Ctrl-C or SIGTERM that lands in a finaliser is not lost: training stops at its next step,
+    nothing is published, and the command ends as on any stop, with nothing but the one line on stderr."""
+    import signal
+
+    from rwinterp import cli, stopping
+    from rwinterp.atomic import atomic_directory
+
+    signum, steps = getattr(signal, signame), []
+
+    def callback(step, model, record):
+        steps.append(step)
+        if step == 2:
+            _StopInFinaliser(signum)  # dropped at once: its __del__ runs here
+            steps.append("went on")  # the stop's exception was swallowed, as Python does in finalisers
+
+    def build(tmp):
+        task = CircleWalk(5, 0.7, 9)
+        train(paper_model(task, init="zero"), task, TrainConfig(steps=20, n_train=20, n_test=20),
+              progress=False, callback=callback)
+        (tmp / "config.json").write_text("{}")
+
+    def configure(parser):
+        return lambda args: (atomic_directory(tmp_path / "out", build, "run", ["config.json"]), 0)[1]
+
+    configure.help = "a command whose stop is lost in a finaliser"
+    monkeypatch.setitem(cli.COMMANDS, "lost-stop", configure)
+    assert main(["lost-stop"]) == status
+    assert steps == [0, 1, 2, "went on"]  # and no step 3
+    assert capsys.readouterr().err == message + "\n"
+    assert list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and not stopping._requested
+
+
+def test_a_recorded_stop_is_raised_before_a_directory_is_published(tmp_path):
+    from rwinterp import stopping
+    from rwinterp.atomic import atomic_directory
+
+    stopping.request(stopping.Terminated)
+    try:
+        with pytest.raises(stopping.Terminated):
+            atomic_directory(tmp_path / "out", lambda tmp: (tmp / "config.json").write_text("{}"), "run",
+                             ["config.json"])
+    finally:
+        stopping.clear()
+    assert list(tmp_path.iterdir()) == []
+    atomic_directory(tmp_path / "out", lambda tmp: (tmp / "config.json").write_text("{}"), "run", ["config.json"])
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nothing recorded, nothing refused
+
+
 def test_version_and_unknown_top_level_options(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
