@@ -5,8 +5,9 @@ wherever the main thread is, so that every ``finally`` runs and no atomic write 
 Python can lose such an exception: when the signal lands while a finaliser runs (a ``__del__``, a
 weakref or garbage-collector callback), the exception is only reported as "Exception ignored" and
 the interrupted code goes on. So the command line's handlers also :func:`request` the stop here, and
-the points that commit work call :func:`check`: a directory is never published
-(:func:`rwinterp.atomic.publish`), and a command never ends as a success, after a stop was asked for.
+the points that go on working or commit work call :func:`check`: training stops at its next step,
+a directory is never published (:func:`rwinterp.atomic.publish`), and a command never ends as a
+success, after a stop was asked for.
 
 Library users who install no handler see none of this: nothing is requested, and :func:`check`
 does nothing.
@@ -24,7 +25,7 @@ class Terminated(BaseException):
     writing (a run, a report, a reproduction's scratch directory) is removed, not left half-written."""
 
 
-#: The stops asked for since the last :func:`clear`, first first (as exception types).
+#: The stops asked for since the last :func:`clear`, earliest first (as exception types).
 _requested: list[type[BaseException]] = []
 
 
@@ -58,8 +59,7 @@ def quiet_unraisable(previous: Callable[[Any], None]) -> Callable[[Any], None]:
     again at the next :func:`check`), and hands everything else to ``previous``."""
 
     def hook(unraisable: Any) -> None:
-        if not (isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated))
-                and type(unraisable.exc_value) in _requested):
+        if type(unraisable.exc_value) not in _requested:
             previous(unraisable)
 
     return hook
