@@ -13,7 +13,6 @@ import math
 import os
 import signal
 import sys
-import threading
 from typing import Any, Callable, Sequence
 
 from rwinterp import stopping
@@ -485,23 +484,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _import_numerics() -> None:
-    """Import numpy and torch (every command needs them) with Ctrl-C and SIGTERM held back.
-
-    An interrupt raised inside their extension modules' initialisation can be swallowed or abort the
-    process. While they load, the two signals are only noted; once they are loaded, a noted signal is
-    raised again, and the command ends as on any other interrupt. (Off the main thread, where Python
-    handles no signals, they are imported plainly.)"""
-    noted: list[int] = []
-    held = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
-    previous = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in held}
-    try:
+    """Import numpy and torch (every command needs them) with Ctrl-C and SIGTERM held back until they
+    are loaded (:func:`rwinterp.stopping.held`)."""
+    with stopping.held():
         import numpy  # noqa: F401
         import torch  # noqa: F401
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    if noted:
-        signal.raise_signal(noted[0])
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import signal
 import sys
-from typing import Any, Callable
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 
 class Terminated(BaseException):
@@ -69,8 +71,6 @@ def install() -> Callable[[], None]:
     """Install :func:`raise_on_signal` for SIGINT and SIGTERM and :func:`quiet_unraisable`, with no stop
     recorded; return the function that puts back what they replaced. Off the main thread, where
     Python handles no signals, nothing is installed."""
-    import threading
-
     clear()
     if threading.current_thread() is not threading.main_thread():
         return clear
@@ -85,3 +85,23 @@ def install() -> Callable[[], None]:
         clear()
 
     return restore
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back while the block runs, then raise the first that came.
+
+    For loading extension modules (numpy, torch): an exception raised inside their initialisation
+    can be swallowed or abort the process. Inside the block the signals are only noted (a signal mask
+    would not hold them once other threads exist); after it, the first noted signal is raised again
+    and reaches the handler that was there before. Off the main thread nothing is held."""
+    noted: list[int] = []
+    signals = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+    previous = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if noted:
+        signal.raise_signal(noted[0])
