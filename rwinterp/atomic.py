@@ -5,13 +5,15 @@ half-written one. An existing target is replaced only if it is empty, or if it h
 marks a directory of the same kind (a run's ``config.json``) and nothing that such a directory does
 not hold: a folder that merely contains a ``config.json`` beside other files is never deleted.
 Commands call :func:`check_target` before their work starts, so that a bad ``--out`` is refused at
-once rather than after minutes of training.
+once rather than after minutes of training (it creates and removes an empty folder where the
+directory will be built: permissions alone do not tell whether that can be done).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import uuid
 from fnmatch import fnmatch
 from pathlib import Path
@@ -46,6 +48,10 @@ def check_target(target: str | Path, kind: str, files: Sequence[str]) -> Path:
         ancestor = ancestor.parent
     require(ancestor.is_dir(), f"cannot write into {target.parent}: {ancestor} is not a directory")
     require(os.access(ancestor, os.W_OK), f"cannot write into {ancestor}: permission denied")
+    try:  # and a real try, as root passes os.access everywhere, yet can create no folder in /proc
+        os.rmdir(tempfile.mkdtemp(prefix=f".{target.name}.probe-", dir=ancestor))
+    except OSError as exc:
+        raise RwinterpError(f"cannot write into {ancestor}: {exc.strerror or exc}") from None
     return target
 
 

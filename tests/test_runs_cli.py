@@ -153,6 +153,19 @@ def test_a_bad_out_is_refused_before_the_work(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"rwinterp: error: cannot replace {run}: permission denied"
     assert main(["probe", str(tmp_path / "run"), "--out", str(tmp_path / "r"), "--seeds", "3"]) == 2
     assert "--seeds needs --baseline random" in capsys.readouterr().err
+    # A folder that permissions say is writable but where nothing can be created (root passes os.access
+    # everywhere; /proc takes no new folders) is refused before the training, not after it.
+    import rwinterp.training
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rwinterp.training, "train", lambda *args, **kwargs: pytest.fail("trained"))
+        for command in (["train", *SMALL], ["probe", str(tmp_path / "run"), "--no-progress"]):
+            assert main([*command, "--out", "/proc/rwinterp-out"]) == 2
+            captured = capsys.readouterr()
+            # (as another user, os.access already says no: "permission denied")
+            assert captured.out == "" and captured.err.count("\n") == 1
+            assert captured.err.startswith("rwinterp: error: cannot write into /proc: ")
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
 
 
 def test_cli_prints_a_huge_V_in_columns_of_fixed_width(capsys):
