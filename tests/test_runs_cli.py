@@ -162,9 +162,9 @@ def test_a_bad_out_is_refused_before_the_work(tmp_path, capsys):
         for command in (["train", *SMALL], ["probe", str(tmp_path / "run"), "--no-progress"]):
             assert main([*command, "--out", "/proc/rwinterp-out"]) == 2
             captured = capsys.readouterr()
-            # (as another user, os.access already says no: "permission denied")
             assert captured.out == "" and captured.err.count("\n") == 1
             assert captured.err.startswith("rwinterp: error: cannot write into /proc: ")
+    # Nor is anything left of that try where a run was written (tmp_path, for tmp_path / "run").
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
 
 
