@@ -6,6 +6,10 @@
    accuracy, parent attention), in the same process. Reports the ratio (goal: <= 1.5).
 2. The theory regime (N 1000, M 32000, 1000 walks, 50 steps): training-loop seconds and the peak
    resident memory of a fresh process (goal: under a minute and under 2 GB).
+3. The paper's configuration as a ``rwinterp.deep.DeepTransformer`` in the Fig 4 setting (5 steps):
+   seconds per step reading the unchanged rows through ``FixedRows`` against the same model made to
+   build the full ``[batch, pos, d_model]`` residual stream (an identity hook on
+   ``blocks.0.hook_resid_pre``), and against the paper's own model.
 
 Run: ``.venv/bin/python benchmarks/bench_train.py [--repeats 5]``; prints one JSON object.
 """
@@ -94,6 +98,22 @@ def rwinterp_gd(K, N, M, p, n_train, n_test, steps, lr, eps, seed):
     return result.train_seconds, result.final["test_accuracy"]
 
 
+def deep_gd(stream: bool, steps: int = 5) -> tuple[float, dict]:
+    """The Fig 4 setting on the paper's configuration of the deep model: (seconds per step, last
+    record). ``stream``: keep a hook on the residual stream, so every step builds it."""
+    from rwinterp.deep import DeepConfig, DeepTransformer
+    from rwinterp.tasks import CircleWalk
+    from rwinterp.training import TrainConfig, train
+
+    task = CircleWalk(6, 0.5, 97)
+    model = DeepTransformer(DeepConfig.paper(6, 97, 1000))
+    if stream:
+        model.add_hook("blocks.0.hook_resid_pre", lambda act, hook: act, is_permanent=True)
+    result = train(model, task, TrainConfig(lr=1.0, eps=0.1, steps=steps, n_train=1000, n_test=1000, seed=0),
+                   progress=False)
+    return result.train_seconds / steps, result.final
+
+
 def theory_regime() -> dict:
     """Run in a fresh process so that the peak RSS is this run's alone."""
     t0 = time.perf_counter()
@@ -111,6 +131,9 @@ def main() -> None:
     if args.theory_only:
         print(json.dumps(theory_regime()))
         return
+    # First: on Linux a child's peak RSS starts from its parent's RSS at the fork, which the deep
+    # model's full-stream runs below raise to gigabytes.
+    proc = subprocess.run([sys.executable, __file__, "--theory-only"], capture_output=True, text=True, check=True)
     setting = dict(K=6, N=97, M=1000, p=0.5, n_train=1000, n_test=1000, steps=50, lr=1.0, eps=0.1, seed=0)
     ours, base = [], []
     for _ in range(args.repeats):  # interleaved, so machine noise hits both alike
@@ -119,7 +142,16 @@ def main() -> None:
     assert abs(ours[0][1] - base[0][1]) < 1e-12, "the two implementations disagree"
     t_ours = float(np.median([s for s, _ in ours]))
     t_base = float(np.median([s for s, _ in base]))
-    proc = subprocess.run([sys.executable, __file__, "--theory-only"], capture_output=True, text=True, check=True)
+    deep, deep_stream, paper = [], [], []
+    for _ in range(min(args.repeats, 3)):
+        deep.append(deep_gd(stream=False))
+        deep_stream.append(deep_gd(stream=True))
+        paper.append(rwinterp_gd(**{**setting, "steps": 5}))
+    for key in ("loss", "test_accuracy", "parent_attention"):
+        assert abs(deep[0][1][key] - deep_stream[0][1][key]) < 1e-12, f"the two deep paths disagree on {key}"
+    t_deep = float(np.median([s for s, _ in deep]))
+    t_stream = float(np.median([s for s, _ in deep_stream]))
+    t_paper = float(np.median([s / 5 for s, _ in paper]))
     print(json.dumps({
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
         "date": time.strftime("%Y-%m-%d"),
@@ -128,6 +160,10 @@ def main() -> None:
         "fig4_ratio": round(t_ours / t_base, 3),
         "fig4_test_accuracy": ours[0][1],
         "theory_regime": json.loads(proc.stdout),
+        "deep_fig4_seconds_per_step": round(t_deep, 4),
+        "deep_fig4_full_stream_seconds_per_step": round(t_stream, 4),
+        "deep_fig4_speedup_over_full_stream": round(t_stream / t_deep, 1),
+        "paper_model_fig4_seconds_per_step": round(t_paper, 4),
     }, indent=1))
 
 

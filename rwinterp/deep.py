@@ -47,6 +47,12 @@ the residual stream), then likewise with the MLP. Logits are ``resid @ W_U`` on 
 (position t predicts the next state; the query slot predicts the label). There is no
 normalisation layer and no bias: logits are raw scores, as in the paper.
 
+In ``query`` mode the other rows never change, so unless a hook asks for a tensor that holds them
+(embeddings, residual stream, keys, values) the model builds only the query slot's row and reads
+the others through ``[batch, heads, pos]`` tables (:class:`FixedRows`): at the paper's size (K 6,
+N 97, M 1000, 1000 walks) a training step never materialises a 780 MB ``[batch, pos, d_model]``
+tensor.
+
 Hooks (HookedTransformer names; Q = 1 in ``query`` mode, N in ``causal`` mode)
 ------------------------------------------------------------------------------
 ==================================  ===========================  =====================================
@@ -282,6 +288,59 @@ class QueryProjection(torch.autograd.Function):
         return grad_x, grad_W
 
 
+@dataclass
+class FixedRows:
+    """The rows of the residual stream that no block changes in ``query`` mode, without building them.
+
+    In ``query`` mode only the query slot's row is updated: every other row ``i`` keeps its
+    embedding ``W_E[t_i] + W_pos[i]`` through every block. A block reads those rows only through
+    dot products (keys: ``row_i . a`` for a vector ``a`` per walk and head) and through the value
+    inputs, and both are sums over the K + 1 token embeddings and the N positional ones:
+    ``row_i . a = (W_E a)[t_i] + (W_pos a)[i]``, and with normalised keys ``||row_i||^2 =
+    ||W_E[t_i]||^2 + 2 W_E[t_i] . W_pos[i] + ||W_pos[i]||^2``. So the forward pass needs
+    ``[batch, heads, pos]`` tables, not the ``[batch, pos, d_model]`` stream (780 MB per copy in
+    float64 at the paper's K 6, N 97, M 1000 and 1000 walks). :class:`DeepTransformer` uses this
+    whenever no hook asks for a tensor that holds those rows (embeddings, residual stream, keys,
+    values).
+    """
+
+    tokens: Int[Tensor, "batch fixed"]
+    W_E: Float[Tensor, "d_vocab d_model"]
+    W_pos: Float[Tensor, "fixed d_model"]
+    norm: Optional[Float[Tensor, "batch fixed"]]  # ||row_i|| / token_norm with normalised keys, else None
+
+    @classmethod
+    def of(cls, model: "DeepTransformer", tokens: Int[Tensor, "batch pos"]) -> "FixedRows":
+        """Every row but the last (the query slot) of ``model``'s residual stream on ``tokens``."""
+        cfg = model.cfg
+        W_E, W_pos, tokens = model.W_E, model.W_pos[:-1], tokens[:, :-1]
+        norm = None
+        if cfg.normalize_tokens:
+            squared = (W_E.pow(2).sum(-1)[:, None] + 2 * W_E @ W_pos.T + W_pos.pow(2).sum(-1)[None, :])
+            norm = squared.clamp_min(0).sqrt().clamp_min(1e-30)[tokens, torch.arange(tokens.shape[1])]
+            norm = norm / cfg.token_norm
+        return cls(tokens, W_E, W_pos, norm)
+
+    def dot(self, a: Float[Tensor, "batch H d_model"]) -> Float[Tensor, "batch H fixed"]:
+        """``x_i . a[b, h]`` for every fixed row, ``x_i`` the row as the keys see it (normalised if
+        configured)."""
+        by_token = torch.einsum("vm,bhm->bhv", self.W_E, a)
+        dots = (by_token.gather(2, self.tokens[:, None, :].expand(-1, a.shape[1], -1))
+                + torch.einsum("pm,bhm->bhp", self.W_pos, a))
+        return dots if self.norm is None else dots / self.norm[:, None, :]
+
+    def token_rows(self, width: int) -> Float[Tensor, "batch fixed width"]:
+        """The first ``width`` coordinates of every fixed row, where the positional embeddings are
+        zero (the token part in ``concat`` mode)."""
+        return self.W_E[:, :width][self.tokens]
+
+    def values(self, W_V: Float[Tensor, "H width d_head"]) -> Float[Tensor, "batch fixed H d_head"]:
+        """``row_i[:width] W_V[h]`` for every fixed row and head."""
+        width = W_V.shape[1]
+        by_token = torch.einsum("vm,hmd->vhd", self.W_E[:, :width], W_V)
+        return by_token[self.tokens] + torch.einsum("pm,hmd->phd", self.W_pos[:, :width], W_V)
+
+
 class Attention(nn.Module):
     """Multi-head attention with merged (``W``) or factored (``W_Q``, ``W_K``) key-query weights."""
 
@@ -320,20 +379,30 @@ class Attention(nn.Module):
         z = [SymmetricReadout.apply(averaged[:, h], self.W_V[h].T) for h in range(self.cfg.n_heads)]
         return torch.stack(z, dim=1)[:, None]
 
-    def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch Q d_model"]:
+    def forward(
+        self, resid: Float[Tensor, "batch rows d_model"], fixed: Optional["FixedRows"] = None
+    ) -> Float[Tensor, "batch Q d_model"]:
+        """The attention output of the rows being updated. ``resid`` is the whole residual stream, or,
+        with ``fixed`` (``query`` mode, see :class:`FixedRows`), the query slot's row alone."""
         cfg = self.cfg
         x = (resid / resid.norm(dim=-1, keepdim=True).clamp_min(1e-30) * cfg.token_norm
              if cfg.normalize_tokens else resid)
         x_q = x if cfg.normalize_query else resid
         x_q = x_q[:, -1:] if cfg.attention == "query" else x_q
         if cfg.key_query == "merged":
-            q = QueryProjection.apply(x_q, self.W)  # W[h] x_q
-            k = with_gradient(x[:, :, None, :].expand(-1, -1, cfg.n_heads, -1), self.hook_k)
+            q = self.hook_q(QueryProjection.apply(x_q, self.W))  # W[h] x_q
         else:
-            q = torch.einsum("bqm,hmd->bqhd", x_q, self.W_Q)
-            k = torch.einsum("bpm,hmd->bphd", x, self.W_K)
-        q, k = self.hook_q(q), self.hook_k(k)
-        scores = torch.einsum("bqhd,bphd->bhqp", q, k) / cfg.attn_scale
+            q = self.hook_q(torch.einsum("bqm,hmd->bqhd", x_q, self.W_Q))
+        if fixed is None:
+            if cfg.key_query == "merged":
+                k = with_gradient(x[:, :, None, :].expand(-1, -1, cfg.n_heads, -1), self.hook_k)
+            else:
+                k = torch.einsum("bpm,hmd->bphd", x, self.W_K)
+            scores = torch.einsum("bqhd,bphd->bhqp", q, self.hook_k(k)) / cfg.attn_scale
+        else:  # score = key_row . a with a = W_K[h] q (merged: a = q)
+            a = q[:, 0] if cfg.key_query == "merged" else torch.einsum("bhd,hmd->bhm", q[:, 0], self.W_K)
+            own = torch.einsum("bm,bhm->bh", x[:, -1], a)[..., None]  # the query slot as its own key
+            scores = torch.cat([fixed.dot(a), own], dim=-1)[:, :, None, :] / cfg.attn_scale
         if cfg.attention == "causal":
             n = scores.shape[-1]
             future = torch.triu(torch.ones(n, n, dtype=torch.bool, device=scores.device), diagonal=1)
@@ -341,9 +410,12 @@ class Attention(nn.Module):
         scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(torch.softmax(scores, dim=-1))
         if cfg.attention == "query" and cfg.values == "tokens" and not self.hook_v.has_hooks():
-            z = self.averaged_values(pattern, resid)
+            rows = resid if fixed is None else torch.cat([fixed.token_rows(cfg.d_value_in),
+                                                          resid[..., : cfg.d_value_in]], dim=1)
+            z = self.averaged_values(pattern, rows)
         else:
-            v = self.hook_v(torch.einsum("bpm,hmd->bphd", resid[..., : cfg.d_value_in], self.W_V))
+            v = torch.einsum("bpm,hmd->bphd", resid[..., : cfg.d_value_in], self.W_V)
+            v = self.hook_v(v if fixed is None else torch.cat([fixed.values(self.W_V), v], dim=1))
             z = torch.einsum("bhqp,bphd->bqhd", pattern, v)
         z = self.hook_z(z)
         return torch.einsum("bqhd,hdm->bqm", z, self.W_O)
@@ -373,11 +445,14 @@ class Block(WalkBlock):
         """Replace the rows being computed (the last ``Q``) by ``resid + out`` or ``out``."""
         Q = out.shape[1]
         rows = resid[:, -Q:] + out if self.cfg.residual else out
-        return torch.cat([resid[:, : resid.shape[1] - Q], rows], dim=1)
+        return rows if resid.shape[1] == Q else torch.cat([resid[:, : resid.shape[1] - Q], rows], dim=1)
 
-    def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self, resid: Float[Tensor, "batch rows d_model"], fixed: Optional["FixedRows"] = None
+    ) -> Float[Tensor, "batch rows d_model"]:
+        """The residual stream out of the block: all of it, or with ``fixed`` the query slot's row."""
         resid = self.hook_resid_pre(resid)
-        attn_out = self.hook_attn_out(self.attn(resid))
+        attn_out = self.hook_attn_out(self.attn(resid, fixed))
         resid = self._update(resid, attn_out)
         if self.cfg.mlp_width is not None:
             resid = self.hook_resid_mid(resid)
@@ -507,12 +582,29 @@ class DeepTransformer(HookedWalkModel):
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch Q K"]:
         """Logits (raw scores) at the query slot (``[batch, 1, K]``) or at every position (causal)."""
         tokens = self._check_tokens(tokens)
-        embed, pos = self._embeddings(tokens)
-        resid = embed + pos
+        fixed = None
+        if self._rows_stay_implicit():
+            fixed = FixedRows.of(self, tokens)
+            resid = self.W_E[tokens[:, -1:]] + self.W_pos[-1:]  # the query slot's row
+        else:
+            embed, pos = self._embeddings(tokens)
+            resid = embed + pos
         for block in self.blocks:
-            resid = block(resid)
+            resid = block(resid, fixed)
         rows = 1 if self.cfg.attention == "query" else self.cfg.n_ctx
         return resid[:, -rows:] @ self.W_U
+
+    def _rows_stay_implicit(self) -> bool:
+        """``query`` mode with no hook on a tensor that holds the rows the blocks leave unchanged:
+        those rows are then read through :class:`FixedRows`, and only the query slot's row is built
+        (the same outputs and gradients to round-off, ``tests/test_deep.py``)."""
+        if self.cfg.attention != "query":
+            return False
+        points = [self.hook_embed, self.hook_pos_embed]
+        for block in self.blocks:
+            points += [block.hook_resid_pre, block.hook_resid_post, block.attn.hook_k, block.attn.hook_v]
+            points += [block.hook_resid_mid] if self.cfg.mlp_width is not None else []
+        return not any(point.has_hooks() for point in points)
 
     def scores(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch K"]:
         """The scores of the label at the query slot, ``[batch, K]``."""

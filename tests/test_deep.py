@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.patching import get_act_patch_attn_head_out_all_pos, get_act_patch_resid_pre
 
@@ -170,6 +171,62 @@ def test_transformer_lens_patching_functions_run_on_the_model():
             assert float(patched[0, j]) == pytest.approx(float(metric(model(tokens))), rel=1e-6)
         heads = get_act_patch_attn_head_out_all_pos(model, corrupted.tokens, cache, metric)
     assert heads.shape == (2, 2)
+
+
+# ---------------------------------------------------------------------- query mode without the stream
+class LargestTensor(TorchDispatchMode):
+    """Records the size of the largest tensor any operation returns while it is active."""
+
+    numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.numel = max(self.numel, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"n_layers": 2, "n_heads": 2, "residual": True},
+    {"normalize_tokens": True, "token_norm": 3.0, "n_layers": 2},
+    {"normalize_tokens": True, "normalize_query": False, "pos_embedding": "sine"},
+    {"key_query": "factored", "attn_scale": 2.0, "n_heads": 2, "mlp_width": 4},
+    {"values": "all", "readout": "learned", "n_layers": 2, "residual": True, "act_fn": "linear", "mlp_width": 3},
+    {"token_embedding": "learned", "d_token": 3, "pos_embedding": "learned", "normalize_tokens": True},
+    {"pos_mode": "added", "d_model": 12, "values": "all", "token_embedding": "learned",
+     "pos_embedding": "learned", "normalize_tokens": True, "n_layers": 2, "residual": True},
+])
+def test_query_mode_without_the_stream_gives_the_streams_outputs_and_gradients(options):
+    """In ``query`` mode the rows other than the query slot never change, and with no hook on them
+    the model reads them through ``FixedRows`` tables instead of building ``[batch, pos, d_model]``.
+    A hook on the residual stream forces the full stream: both give the same logits and the same
+    gradient for every parameter, and the implicit path builds nothing of the stream's size."""
+    K, N, B = 5, 9, 16
+    options = {"n_ctx": N, "init": "gaussian", "init_sigma": 0.4, "seed": 2, **options}
+    if options.get("pos_mode") == "added":
+        cfg = DeepConfig(n_states=K, **options)
+    else:
+        cfg = DeepConfig.paper(K, pos_dim=24, **options)
+    model = DeepTransformer(cfg)
+    tokens = CircleWalk(K, 0.7, N).sample(B, 3).tokens
+    runs = []
+    for hooks in ([], [("blocks.0.hook_resid_pre", lambda act, hook: act)]):
+        model.zero_grad()
+        with LargestTensor() as largest:
+            logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+            logits.pow(2).sum().backward()
+        runs.append((logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters()},
+                     largest.numel))
+    (implicit, grads, implicit_numel), (stream, stream_grads, stream_numel) = runs
+    assert 0 < implicit_numel < B * (N - 1) * cfg.d_model / 2 < B * N * cfg.d_model <= stream_numel
+    assert stream.abs().max() > 0.1 and implicit.shape == stream.shape == (B, 1, K)
+    assert torch.allclose(implicit, stream, rtol=0, atol=1e-12)
+    assert set(grads) == set(stream_grads) and len(grads) >= 2
+    for name, grad in grads.items():
+        assert stream_grads[name].abs().max() > 0, name  # every parameter is reached
+        assert torch.allclose(grad, stream_grads[name], rtol=0, atol=1e-11), name
 
 
 # ---------------------------------------------------------------------- Theorem 4.1 with depth
