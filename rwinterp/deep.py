@@ -269,18 +269,23 @@ class QueryProjection(torch.autograd.Function):
     axis, the same code path for every row, and the outer product is exact entry by entry. A matmul
     over walks rounds rows at the edge of its SIMD blocks differently, which puts position-dependent
     round-off into the attention and breaks Theorem 4.1's exact symmetry on some CPUs (see
-    :class:`rwinterp.model.SymmetricReadout` for the value side)."""
+    :class:`rwinterp.model.SymmetricReadout` for the value side). The forward pass then computes
+    ``W[h] x_q`` once for all walks."""
 
     @staticmethod
     def forward(ctx: Any, x_q: Tensor, W: Tensor) -> Tensor:  # x_q [b, q, m], W [h, n, m] -> [b, q, h, n]
+        shared = x_q.shape[1] == 1 and torch.equal(x_q, x_q[:1].expand_as(x_q))
+        ctx.shared = shared
         ctx.save_for_backward(x_q, W)
+        if shared:
+            return torch.einsum("bqm,hnm->bqhn", x_q[:1], W).expand(x_q.shape[0], -1, -1, -1).contiguous()
         return torch.einsum("bqm,hnm->bqhn", x_q, W)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], Tensor]:
         x_q, W = ctx.saved_tensors
         grad_x = torch.einsum("bqhn,hnm->bqm", grad, W) if ctx.needs_input_grad[0] else None
-        if x_q.shape[1] == 1 and torch.equal(x_q, x_q[:1].expand_as(x_q)):
+        if ctx.shared:
             summed = grad[:, 0].permute(1, 2, 0).contiguous().sum(-1)  # [h, n], summed over walks
             grad_W = summed[:, :, None] * x_q[0, 0][None, None, :]
         else:
@@ -401,7 +406,7 @@ class Attention(nn.Module):
             scores = torch.einsum("bqhd,bphd->bhqp", q, self.hook_k(k)) / cfg.attn_scale
         else:  # score = key_row . a with a = W_K[h] q (merged: a = q)
             a = q[:, 0] if cfg.key_query == "merged" else torch.einsum("bhd,hmd->bhm", q[:, 0], self.W_K)
-            own = torch.einsum("bm,bhm->bh", x[:, -1], a)[..., None]  # the query slot as its own key
+            own = (x[:, -1:] * a).sum(-1, keepdim=True)  # the query slot as its own key
             scores = torch.cat([fixed.dot(a), own], dim=-1)[:, :, None, :] / cfg.attn_scale
         if cfg.attention == "causal":
             n = scores.shape[-1]
