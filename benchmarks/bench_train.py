@@ -98,7 +98,11 @@ def rwinterp_gd(K, N, M, p, n_train, n_test, steps, lr, eps, seed):
     return result.train_seconds, result.final["test_accuracy"]
 
 
-def deep_gd(stream: bool, steps: int = 5) -> tuple[float, dict]:
+#: Training steps of the deep-model comparison (part 3).
+DEEP_STEPS = 5
+
+
+def deep_gd(stream: bool) -> tuple[float, dict]:
     """The Fig 4 setting on the paper's configuration of the deep model: (seconds per step, last
     record). ``stream``: keep a hook on the residual stream, so every step builds it."""
     from rwinterp.deep import DeepConfig, DeepTransformer
@@ -109,9 +113,9 @@ def deep_gd(stream: bool, steps: int = 5) -> tuple[float, dict]:
     model = DeepTransformer(DeepConfig.paper(6, 97, 1000))
     if stream:
         model.add_hook("blocks.0.hook_resid_pre", lambda act, hook: act, is_permanent=True)
-    result = train(model, task, TrainConfig(lr=1.0, eps=0.1, steps=steps, n_train=1000, n_test=1000, seed=0),
-                   progress=False)
-    return result.train_seconds / steps, result.final
+    config = TrainConfig(lr=1.0, eps=0.1, steps=DEEP_STEPS, n_train=1000, n_test=1000, seed=0)
+    result = train(model, task, config, progress=False)
+    return result.train_seconds / DEEP_STEPS, result.final
 
 
 def theory_regime() -> dict:
@@ -146,12 +150,12 @@ def main() -> None:
     for _ in range(min(args.repeats, 3)):
         deep.append(deep_gd(stream=False))
         deep_stream.append(deep_gd(stream=True))
-        paper.append(rwinterp_gd(**{**setting, "steps": 5}))
+        paper.append(rwinterp_gd(**{**setting, "steps": DEEP_STEPS}))
     for key in ("loss", "test_accuracy", "parent_attention"):
         assert abs(deep[0][1][key] - deep_stream[0][1][key]) < 1e-12, f"the two deep paths disagree on {key}"
     t_deep = float(np.median([s for s, _ in deep]))
     t_stream = float(np.median([s for s, _ in deep_stream]))
-    t_paper = float(np.median([s / 5 for s, _ in paper]))
+    t_paper = float(np.median([s / DEEP_STEPS for s, _ in paper]))
     print(json.dumps({
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
         "date": time.strftime("%Y-%m-%d"),

@@ -274,10 +274,9 @@ class QueryProjection(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x_q: Tensor, W: Tensor) -> Tensor:  # x_q [b, q, m], W [h, n, m] -> [b, q, h, n]
-        shared = x_q.shape[1] == 1 and torch.equal(x_q, x_q[:1].expand_as(x_q))
-        ctx.shared = shared
+        ctx.shared = x_q.shape[1] == 1 and torch.equal(x_q, x_q[:1].expand_as(x_q))
         ctx.save_for_backward(x_q, W)
-        if shared:
+        if ctx.shared:  # (a copy, not a view: patching hooks write into q in place)
             return torch.einsum("bqm,hnm->bqhn", x_q[:1], W).expand(x_q.shape[0], -1, -1, -1).contiguous()
         return torch.einsum("bqm,hnm->bqhn", x_q, W)
 
@@ -315,16 +314,21 @@ class FixedRows:
     norm: Optional[Float[Tensor, "batch fixed"]]  # ||row_i|| / token_norm with normalised keys, else None
 
     @classmethod
-    def of(cls, model: "DeepTransformer", tokens: Int[Tensor, "batch pos"]) -> "FixedRows":
-        """Every row but the last (the query slot) of ``model``'s residual stream on ``tokens``."""
+    def split(
+        cls, model: "DeepTransformer", tokens: Int[Tensor, "batch pos"]
+    ) -> tuple["FixedRows", Float[Tensor, "batch 1 d_model"]]:
+        """``model``'s residual stream on ``tokens`` as its fixed rows (all but the last) and the
+        query slot's row, which the blocks update."""
         cfg = model.cfg
-        W_E, W_pos, tokens = model.W_E, model.W_pos[:-1], tokens[:, :-1]
+        W_E, W_pos = model.W_E, model.W_pos
+        query_row = W_E[tokens[:, -1:]] + W_pos[-1:]
+        W_pos, tokens = W_pos[:-1], tokens[:, :-1]
         norm = None
         if cfg.normalize_tokens:
             squared = (W_E.pow(2).sum(-1)[:, None] + 2 * W_E @ W_pos.T + W_pos.pow(2).sum(-1)[None, :])
             norm = squared.clamp_min(0).sqrt().clamp_min(1e-30)[tokens, torch.arange(tokens.shape[1])]
             norm = norm / cfg.token_norm
-        return cls(tokens, W_E, W_pos, norm)
+        return cls(tokens, W_E, W_pos, norm), query_row
 
     def dot(self, a: Float[Tensor, "batch H d_model"]) -> Float[Tensor, "batch H fixed"]:
         """``x_i . a[b, h]`` for every fixed row, ``x_i`` the row as the keys see it (normalised if
@@ -589,8 +593,7 @@ class DeepTransformer(HookedWalkModel):
         tokens = self._check_tokens(tokens)
         fixed = None
         if self._rows_stay_implicit():
-            fixed = FixedRows.of(self, tokens)
-            resid = self.W_E[tokens[:, -1:]] + self.W_pos[-1:]  # the query slot's row
+            fixed, resid = FixedRows.split(self, tokens)
         else:
             embed, pos = self._embeddings(tokens)
             resid = embed + pos
