@@ -35,8 +35,10 @@ def _reproduce(args: argparse.Namespace) -> int:
         return 0
     require(bool(args.figures), "name at least one figure, or 'all' (see --list)")
     require(bool(args.out), "--out DIR is required")
-    jobs = args.jobs if args.jobs is not None else min(os.cpu_count() or 1, 8)
-    require(jobs >= 1, f"--jobs must be at least 1, got {jobs}")
+    cpus = os.cpu_count() or 1
+    jobs = args.jobs if args.jobs is not None else min(cpus, 8)
+    require(1 <= jobs <= 4 * cpus, f"--jobs must be between 1 and 4 x the {cpus} CPUs, got {jobs}: more workers "
+            f"only wait for a CPU, each holding its own copy of torch")
     rep = reproduce(args.figures, args.out, reduced=args.reduced,
                     progress=False if args.no_progress else None, jobs=jobs)
     claims = rep.claims

@@ -44,7 +44,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from probes.config import ProbeConfig
-from probes.stats import point_weights, wsum
+from probes.stats import point_weights, wmean
 from probes.targets import Layout, Targets, evaluating, model_dims, require_hooks, targets_for
 from rwinterp.tasks import Batch, Task
 
@@ -85,7 +85,7 @@ class AttentionResult:
 
     def summary(self, w: Float[Tensor, "draws batch"]) -> dict[str, Tensor]:
         def mean(values: Tensor, rows: Tensor = w) -> Tensor:
-            return wsum(rows, values.mean(-1))
+            return wmean(rows, values.mean(-1))
 
         def defined_mean(share: Tensor) -> Tensor:
             """Weighted mean of a share over the walks where it is defined (a walk whose attribution is 0
@@ -93,7 +93,7 @@ class AttentionResult:
             rows = w[:, : share.shape[0]]
             walk = share.nanmean(-1)
             rows = rows * walk.isfinite()
-            return wsum(rows, torch.nan_to_num(walk)) / rows.sum(1)
+            return wmean(rows, torch.nan_to_num(walk))
 
         L, H = self.per_head.shape[:2]
         out = {f"parent_attention.L{l}H{h}": mean(self.per_head[l, h]) for l in range(L) for h in range(H)}
@@ -131,7 +131,7 @@ def attention_probe(model: Any, task: Task, data: Batch, config: ProbeConfig = P
         parents = targets.parents.to(rows.dtype)
         per_head = (rows * parents).sum(-1).to(torch.float64)
         w0 = point_weights(data.weights, targets.n_walks)
-        head_means = wsum(w0, per_head.mean(-1).permute(2, 0, 1))[0]
+        head_means = wmean(w0, per_head.mean(-1).permute(2, 0, 1))[0]
         flat = int(torch.nan_to_num(head_means, nan=-1.0).flatten().argmax())
         head = (flat // n_heads, flat % n_heads)
         a = rows[head].to(torch.float64)  # [B, T, pos]
@@ -218,6 +218,6 @@ def _gradient_x_input(model: Any, targets: Targets, n: int, chunk: int = 50) -> 
 
 def _profiles(rows: Float[Tensor, "layer head batch pred pos"], targets: Targets, w: Tensor) -> Tensor:
     """Mean attention at each offset from the prediction's own position, per head."""
-    means = wsum(w, rows.permute(2, 0, 1, 3, 4).to(torch.float64))[0]  # [L, H, T, pos]
+    means = wmean(w, rows.permute(2, 0, 1, 3, 4).to(torch.float64))[0]  # [L, H, T, pos]
     total, count = targets.by_offset(means)
     return total / count.clamp(min=1)

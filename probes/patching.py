@@ -72,7 +72,7 @@ from transformer_lens.patching import (
 )
 
 from probes.config import ProbeConfig
-from probes.stats import point_weights, ratio, wsum
+from probes.stats import point_weights, ratio, wmean
 from probes.targets import (
     Layout,
     Targets,
@@ -224,23 +224,23 @@ class PatchingResult:
     def summary(self, w: Float[Tensor, "draws batch"]) -> dict[str, Tensor]:
         """Every score, one value per weight row (see :mod:`probes.stats`)."""
         corr = self.corrupted
-        den = wsum(w, self.clean - corr).sum(-1)
+        den = wmean(w, self.clean - corr).sum(-1)
         scale = self.scale
         out: dict[str, Tensor] = {}
         par, vis = self.layout.parents.T.to(torch.float64), self.layout.visible.T.to(torch.float64)
         for name, values in self.positions.items():
-            num = wsum(w, (values - corr).movedim(1, 0))  # [draws, pos, pred]
+            num = wmean(w, (values - corr).movedim(1, 0))  # [draws, pos, pred]
             out[f"{name}.parent_effect"] = ratio((num * par).sum((1, 2)), den, scale)
             size = num.abs()
             out[f"{name}.localization"] = ratio((size * par).sum((1, 2)), (size * vis).sum((1, 2)), scale)
         for name, values in self.heads.items():
-            num = wsum(w, (values - corr).permute(2, 0, 1, 3)).sum(-1)  # [draws, layer, head]
+            num = wmean(w, (values - corr).permute(2, 0, 1, 3)).sum(-1)  # [draws, layer, head]
             effect = ratio(num, den[:, None, None], scale)
             for layer in range(effect.shape[1]):
                 for head in range(effect.shape[2]):
                     out[f"{name}.L{layer}H{head}"] = effect[:, layer, head]
-        out["necessity"] = 1.0 - ratio(wsum(w, self.only_parents_corrupted - corr).sum(-1), den, scale)
-        out["sufficiency"] = ratio(wsum(w, self.only_parents_clean - corr).sum(-1), den, scale)
+        out["necessity"] = 1.0 - ratio(wmean(w, self.only_parents_corrupted - corr).sum(-1), den, scale)
+        out["sufficiency"] = ratio(wmean(w, self.only_parents_clean - corr).sum(-1), den, scale)
         if f"{MAIN}.parent_effect" in out:
             out["parent_effect"] = out[f"{MAIN}.parent_effect"]
             out["localization"] = out[f"{MAIN}.localization"]
@@ -264,8 +264,8 @@ class PatchingResult:
         Predictions that cannot see an offset do not count towards it."""
         values = self.positions[name]
         w = point_weights(self.weights, self.n_walks)
-        num = wsum(w, (values - self.corrupted).movedim(1, 0))[0]  # [pos, pred]
-        den_t = wsum(w, self.clean - self.corrupted)[0]  # [pred]
+        num = wmean(w, (values - self.corrupted).movedim(1, 0))[0]  # [pos, pred]
+        den_t = wmean(w, self.clean - self.corrupted)[0]  # [pred]
         prof, _ = self.layout.by_offset(num.T)
         den, _ = self.layout.by_offset(den_t[:, None].expand(-1, values.shape[0]))
         return ratio(prof, den, self.scale)

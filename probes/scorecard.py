@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from probes.attention import AttentionResult, attention_probe
 from probes.config import ProbeConfig
 from probes.patching import PatchingResult, patching_probe
-from probes.stats import Spread, bootstrap_weights, percentile_interval, point_weights, wsum
+from probes.stats import Spread, bootstrap_interval, bootstrap_weights, point_weights, wmean
 from probes.targets import Targets, evaluating, run_logits, targets_for
 from probes.transition import TransitionResult, transition_of, transition_probe
 from rwinterp.errors import require
@@ -99,7 +99,7 @@ def bayes_accuracy(task: Task, targets: Targets) -> float:
     for row in targets.parents:
         window = targets.inputs.new_full(targets.inputs.shape, task.query_token)
         window[:, slots] = targets.inputs[:, row.nonzero().flatten()]
-        total += float(wsum(w, task.conditional(window).amax(-1))[0])
+        total += float(wmean(w, task.conditional(window).amax(-1))[0])
     return total / targets.n_pred
 
 
@@ -122,7 +122,7 @@ class Scorecard:
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def _summary(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
-        out = {"accuracy": wsum(w, self.hits.mean(-1))}
+        out = {"accuracy": wmean(w, self.hits.mean(-1))}
         att = self.attention.summary(w)
         out["parent_attention"] = att["parent_attention"]
         out["parent_argmax_rate"] = att["parent_argmax_rate"]
@@ -246,11 +246,9 @@ def scorecard(model: Any, task: Task, data: Batch, config: ProbeConfig = ProbeCo
     )
     if config.bootstrap and data.weights is None:  # a weighted population is exact: no interval
         w = bootstrap_weights(data.weights, len(data), config.bootstrap, config.seed)
-        lo, hi = {}, {}
-        for key, draws in card._summary(w).items():
-            low, high = percentile_interval(draws, config.confidence)
-            lo[key], hi[key] = float(low), float(high)
-        card.intervals = {k: (lo[k], hi[k]) for k in lo}
+        point = card.flat()
+        card.intervals = {key: bootstrap_interval(draws, point[key], config.confidence)
+                          for key, draws in card._summary(w).items()}
     return card
 
 

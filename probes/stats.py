@@ -7,6 +7,9 @@ scores as weighted sums over walks. The weights come in as a ``[draws, batch]`` 
 * rows of bootstrap multiplicities (how often each walk was drawn, times its probability) give
   the bootstrap distribution of the same score, at the cost of one matrix product.
 
+A weighted mean divides by its row's total (:func:`wmean`); a score's interval is the
+bias-corrected percentile interval of its draws (:func:`bootstrap_interval`).
+
 A ratio of batch means, ``sum_b w_b num_b / sum_b w_b den_b``, is the patching metric's
 normalisation: walks whose clean and corrupted outputs agree add zero to both sums instead of
 dividing by zero. When the denominator is negligible against the size of the model's outputs
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import torch
 from jaxtyping import Float
@@ -29,11 +33,10 @@ NEGLIGIBLE = 1e-6
 
 
 def point_weights(weights: Float[Tensor, " batch"] | None, n: int) -> Float[Tensor, "1 batch"]:
-    """The weight row of the point estimate: the probabilities, or 1/n for sampled walks."""
+    """The weight row of the point estimate: the walks' probabilities, or ones for sampled walks."""
     if weights is None:
-        return torch.full((1, n), 1.0 / n, dtype=torch.float64)
-    w = weights.to(torch.float64)
-    return (w / w.sum())[None]
+        return torch.ones((1, n), dtype=torch.float64)
+    return weights.to(torch.float64)[None]
 
 
 def bootstrap_weights(
@@ -41,8 +44,8 @@ def bootstrap_weights(
 ) -> Float[Tensor, "draws batch"]:
     """Rows of bootstrap weights: multinomial draw counts of the walks (times their probabilities).
 
-    Each row sums to one. Seeded through TransformerLens' ``derive_generator`` so that the same
-    seed gives the same intervals.
+    Seeded through TransformerLens' ``derive_generator`` so that the same seed gives the same
+    intervals.
     """
     gen = derive_generator(seed, "walk-bootstrap")
     idx = torch.randint(0, n, (draws, n), generator=gen)
@@ -50,13 +53,17 @@ def bootstrap_weights(
     counts.scatter_add_(1, idx, torch.ones(draws, n, dtype=torch.float64))
     if weights is not None:
         counts = counts * weights.to(torch.float64)[None]
-    return counts / counts.sum(1, keepdim=True)
+    return counts
 
 
-def wsum(w: Float[Tensor, "draws batch"], values: Float[Tensor, "batch *rest"]) -> Float[Tensor, "draws *rest"]:
-    """``sum_b w[r, b] values[b, ...]`` for every weight row ``r``."""
+def wmean(w: Float[Tensor, "draws batch"], values: Float[Tensor, "batch *rest"]) -> Float[Tensor, "draws *rest"]:
+    """``sum_b w[r, b] values[b, ...] / sum_b w[r, b]`` for every weight row ``r``.
+
+    The rows are normalised here, not beforehand: with whole-number weights (ones, draw counts) the
+    sums are exact, so a rate of n hits in n walks is 1, not 1 + 1e-16 as a sum of n copies of 1/n.
+    """
     flat = values.to(torch.float64).reshape(values.shape[0], -1)
-    return (w @ flat).reshape(w.shape[0], *values.shape[1:])
+    return ((w @ flat) / w.sum(1, keepdim=True)).reshape(w.shape[0], *values.shape[1:])
 
 
 def ratio(num: Tensor, den: Tensor, scale: Tensor | float) -> Tensor:
@@ -66,11 +73,28 @@ def ratio(num: Tensor, den: Tensor, scale: Tensor | float) -> Tensor:
     return torch.where(small, torch.full_like(num, math.nan), num / torch.where(small, 1.0, den))
 
 
-def percentile_interval(draws: Float[Tensor, "draws *rest"], confidence: float = 0.95) -> tuple[Tensor, Tensor]:
-    """Percentile interval over the first axis, ignoring NaN draws (NaN if all are NaN)."""
-    alpha = (1.0 - confidence) / 2.0
-    lo = torch.nanquantile(draws, alpha, dim=0)
-    hi = torch.nanquantile(draws, 1.0 - alpha, dim=0)
+def bootstrap_interval(draws: Float[Tensor, " draws"], point: float, confidence: float = 0.95) -> tuple[float, float]:
+    """Efron's bias-corrected percentile interval of a score from its bootstrap draws.
+
+    With ``z0 = Phi^-1(share of the draws below the point estimate)`` (ties count half), the interval
+    runs between the draws' quantiles ``Phi(2 z0 -+ z)``, ``z = Phi^-1((1 + confidence) / 2)``. When the
+    point is the draws' median (z0 = 0) this is the plain percentile interval. A score whose resamples
+    are biased, such as ``localization`` (a ratio of sums of absolute effects, which resampling inflates
+    in the denominator), has its draws mostly on one side of the point: the plain percentile interval
+    then lies mostly on that side too, and the correction moves it back towards the point. Like the
+    plain interval, it contains the point exactly when the point lies within the draws' central
+    ``confidence`` share. NaN draws are left out; NaN if the point or every draw is NaN.
+    """
+    finite = draws[draws.isfinite()].to(torch.float64)
+    if finite.numel() == 0 or not math.isfinite(point):
+        return math.nan, math.nan
+    n = finite.numel()
+    below = (float((finite < point).sum()) + 0.5 * float((finite == point).sum())) / n
+    normal = NormalDist()
+    z0 = normal.inv_cdf(min(max(below, 0.5 / n), 1.0 - 0.5 / n))
+    z = normal.inv_cdf((1.0 + confidence) / 2.0)
+    levels = torch.tensor([normal.cdf(2 * z0 - z), normal.cdf(2 * z0 + z)], dtype=torch.float64)
+    lo, hi = torch.quantile(finite, levels).tolist()
     return lo, hi
 
 

@@ -250,18 +250,67 @@ class WalkBlock(nn.Module):
             self.hook_mlp_out = HookPoint()
 
 
+#: Hooks whose activations TransformerLens stacks over layers in the residual-stream methods of
+#: :class:`ActivationCache`.
+RESIDUAL_HOOKS = ("hook_embed", "hook_pos_embed", "hook_resid_pre", "hook_resid_mid", "hook_resid_post",
+                  "hook_attn_out", "hook_mlp_out")
+
+
+class WalkActivationCache(ActivationCache):
+    """A TransformerLens :class:`ActivationCache` that says in one line when a residual-stream method
+    cannot apply to the cached model, instead of failing inside ``torch.stack``:
+
+    * a model that attends from the query slot alone keeps ``attn_out`` (and, in the paper's model,
+      ``resid_post``) at the last position only, so ``accumulated_resid``, ``decompose_resid`` and
+      ``get_full_resid_decomposition`` need ``pos_slice=-1`` to stack them with the embeddings;
+    * a model without a residual stream (the paper's, or a ``DeepTransformer`` with ``residual=False``)
+      replaces the stream with each block's output, so the stream is no sum of components and the two
+      decompositions do not exist (``accumulated_resid``, the stream's state at each layer, does).
+    """
+
+    def _check(self, method: str, pos_slice: Any, decomposition: bool) -> None:
+        if decomposition:
+            require(bool(getattr(self.model.cfg, "residual", False)),
+                    f"ActivationCache.{method}: this model has no residual stream (each block's output replaces "
+                    f"its input), so the stream is no sum of components; read the block outputs "
+                    f"(blocks.L.hook_resid_post) or cache.stack_head_results(pos_slice=-1)")
+        if pos_slice is None and self.has_batch_dim:
+            lengths = {int(t.shape[1]) for name, t in self.cache_dict.items()
+                       if name.rsplit(".", 1)[-1] in RESIDUAL_HOOKS and t.ndim == 3}
+            require(len(lengths) <= 1,
+                    f"ActivationCache.{method}: this model attends from the query slot alone, so its attention "
+                    f"outputs hold only the last position; pass pos_slice=-1")
+
+    def accumulated_resid(self, layer: Optional[int] = None, incl_mid: bool = False, apply_ln: bool = False,
+                          pos_slice: Any = None, *args: Any, **kwargs: Any) -> Any:
+        self._check("accumulated_resid", pos_slice, decomposition=False)
+        return super().accumulated_resid(layer, incl_mid, apply_ln, pos_slice, *args, **kwargs)
+
+    def decompose_resid(self, layer: Optional[int] = None, mlp_input: bool = False, mode: str = "all",
+                        apply_ln: bool = False, pos_slice: Any = None, *args: Any, **kwargs: Any) -> Any:
+        self._check("decompose_resid", pos_slice, decomposition=True)
+        return super().decompose_resid(layer, mlp_input, mode, apply_ln, pos_slice, *args, **kwargs)
+
+    def get_full_resid_decomposition(self, layer: Optional[int] = None, mlp_input: bool = False,
+                                     expand_neurons: bool = True, apply_ln: bool = False, pos_slice: Any = None,
+                                     *args: Any, **kwargs: Any) -> Any:
+        self._check("get_full_resid_decomposition", pos_slice, decomposition=True)
+        return super().get_full_resid_decomposition(layer, mlp_input, expand_neurons, apply_ln, pos_slice,
+                                                    *args, **kwargs)
+
+
 class HookedWalkModel(HookedRootModule):
     """What the library's hooked models share beyond :class:`HookedRootModule`: ``run_with_cache``
-    returning an :class:`ActivationCache`, and ``QK = W_Q W_K^T`` and ``OV = W_V W_O`` per layer and
+    returning an :class:`ActivationCache` (:class:`WalkActivationCache`), and ``QK = W_Q W_K^T`` and ``OV = W_V W_O`` per layer and
     head as TransformerLens :class:`FactoredMatrix` objects (from the subclass's weight views; for
     the paper's model QK equals ``W^T`` on its domain, the query slot)."""
 
     def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
-        """As in TransformerLens, returning an :class:`ActivationCache`."""
+        """As in TransformerLens, returning an :class:`ActivationCache` (a :class:`WalkActivationCache`)."""
         out, cache = super().run_with_cache(*args, **kwargs)
         if isinstance(cache, ActivationCache):
-            return out, cache
-        return out, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+            cache = cache.cache_dict
+        return out, WalkActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> "HookedWalkModel":
         """``.to(dtype)``, ``.float()``, ``.double()``: as TransformerLens's ``to`` does, ``cfg.dtype``

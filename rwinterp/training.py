@@ -256,6 +256,9 @@ def train(
             f"the model has K={model.cfg.n_states} states but the task has {task.n_states}")
     require(model.cfg.n_ctx == task.seq_len,
             f"the model has N={model.cfg.n_ctx} positions but the task has {task.seq_len}")
+    require(getattr(model.cfg, "mlp_width", None) is None or model.cfg.init != "zero",
+            "an FC layer (mlp width) initialised at zero never trains: both of its weight matrices start at 0 and "
+            "the gradient of each is a product with the other; use a Gaussian init (--init gaussian)")
     train_data, test_data = data if data is not None else make_data(task, config)
     result = TrainResult(bayes_accuracy=task.bayes_accuracy())
     optimizer = _optimizer(model, config)

@@ -478,3 +478,30 @@ def test_activation_cache_decompositions_on_a_standard_model():
     y = states[:, -1]
     attrs = cache.logit_attrs(cache.accumulated_resid(), tokens=y)  # [layer, batch, pos]
     assert torch.allclose(attrs[-1], logits.gather(-1, y[:, None, None].expand(-1, 10, 1))[..., 0], atol=1e-12)
+
+
+def test_residual_stream_methods_on_query_slot_models_ask_for_the_last_position():
+    """A model that attends from the query slot alone has attention outputs at the last position only:
+    the residual-stream methods of ActivationCache ask for ``pos_slice=-1`` in one line, and with it the
+    decomposition of a residual model sums to its last row. Without a residual stream (the paper's
+    model) there is no decomposition, and the cache says so."""
+    tokens = CircleWalk(5, 0.7, 7).sample(8, 1).tokens
+    model = _small()  # query attention, residual stream, two layers
+    logits, cache = model.run_with_cache(tokens)
+    for method in ("accumulated_resid", "decompose_resid", "get_full_resid_decomposition"):
+        with pytest.raises(RwinterpError, match=rf"^ActivationCache.{method}: .*pass pos_slice=-1$"):
+            getattr(cache, method)()
+    last = cache["blocks.1.hook_resid_post"][:, -1]
+    assert torch.allclose(cache.decompose_resid(pos_slice=-1).sum(0), last, rtol=0, atol=1e-12)
+    assert torch.allclose(cache.get_full_resid_decomposition(pos_slice=-1).sum(0), last, rtol=0, atol=1e-12)
+    y = tokens[:, 0]
+    attrs = cache.logit_attrs(cache.decompose_resid(pos_slice=-1), tokens=y)  # [component, batch]
+    assert torch.allclose(attrs.sum(0), logits[:, 0].gather(-1, y[:, None])[:, 0], rtol=0, atol=1e-12)
+    paper = paper_model(CircleWalk(5, 0.7, 7), pos_dim=12, init="gaussian", init_sigma=0.3)
+    _, cache = paper.run_with_cache(tokens)
+    with pytest.raises(RwinterpError, match="no residual stream"):
+        cache.decompose_resid(pos_slice=-1)
+    with pytest.raises(RwinterpError, match="pass pos_slice=-1"):
+        cache.accumulated_resid()
+    states = cache.accumulated_resid(pos_slice=-1)  # the stream's state before and after the block
+    assert torch.equal(states[1], cache["blocks.0.hook_resid_post"][:, -1])

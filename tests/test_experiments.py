@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -184,8 +185,11 @@ def test_unknown_figures_and_quantities_are_one_line_errors(tmp_path, capsys):
         plan([bad])
     assert main(["reproduce", "nope", "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     assert capsys.readouterr().err.startswith("rwinterp: error: unknown figure 'nope'")
-    assert main(["reproduce", "4", "--jobs", "0", "--out", str(tmp_path / "o"), "--no-progress"]) == 2
-    assert capsys.readouterr().err.strip() == "rwinterp: error: --jobs must be at least 1, got 0"
+    cpus = os.cpu_count() or 1
+    for jobs in (0, 4 * cpus + 1, 10**6):  # refused before any worker starts
+        assert main(["reproduce", "4", "--jobs", str(jobs), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+        assert capsys.readouterr().err.startswith(f"rwinterp: error: --jobs must be between 1 and 4 x the {cpus} "
+                                                  f"CPUs, got {jobs}: ")
     assert main(["reproduce", "all", "--list", "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.strip() == "rwinterp: error: --list takes no figures, --out or --reduced"
     assert not (tmp_path / "o").exists()

@@ -146,11 +146,15 @@ def test_probes_change_neither_weights_nor_modes(trained_paper_models):
     grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
     model.train()
     model.blocks[0].attn.eval()  # a mixed state must come back as it was
+    rng = torch.get_rng_state()
     try:
         scorecard(model, task, task.sample(30, 3), ProbeConfig(progress=False, bootstrap=40, gradient_walks=10))
         assert model.training and model.blocks[0].training and not model.blocks[0].attn.training
     finally:
         model.eval()
+    # No hook left attached, and the global random state untouched (the probes draw from their own seeds).
+    assert all(not hp.fwd_hooks and not hp.bwd_hooks for hp in model.hook_dict.values())
+    assert torch.equal(torch.get_rng_state(), rng)
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     for p, g in zip(model.parameters(), grads):  # no gradient reaches the weights either

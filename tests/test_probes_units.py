@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +15,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from probes.attention import attention_probe
 from probes.config import ProbeConfig
 from probes.patching import patching_probe
-from probes.stats import Spread, bootstrap_weights, percentile_interval, point_weights, ratio
+from probes.stats import Spread, bootstrap_interval, bootstrap_weights, point_weights, ratio, wmean
 from probes.targets import evaluating, targets_for
 from probes.transition import compare_to_transition, transition_probe
 from rwinterp.chains import PersistentWalk
@@ -226,19 +227,42 @@ def test_ratio_of_batch_means_and_bootstrap_weights():
     assert math.isnan(float(ratio(torch.tensor(1.0), torch.tensor(1e-12), 1.0)))
     assert float(ratio(torch.tensor(1.0), torch.tensor(4.0), 1.0)) == 0.25
     w = bootstrap_weights(None, 20, 50, seed=3)
-    assert w.shape == (50, 20) and torch.allclose(w.sum(1), torch.ones(50, dtype=torch.float64))
-    assert torch.equal(w, bootstrap_weights(None, 20, 50, seed=3))
+    assert w.shape == (50, 20) and torch.equal(w.sum(1), torch.full((50,), 20.0, dtype=torch.float64))
+    assert torch.equal(w, w.round()) and torch.equal(w, bootstrap_weights(None, 20, 50, seed=3))
     probs = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
     assert torch.equal(point_weights(probs, 3)[0], probs)
-    # With walk probabilities, a resample's weights are its draw counts times the probabilities, renormalised
-    # (the same seed draws the same counts).
-    counts = bootstrap_weights(None, 3, 40, seed=5) * 3
-    assert torch.allclose(counts, counts.round(), atol=1e-12)
-    weighted = counts * probs[None]
-    assert torch.allclose(bootstrap_weights(probs, 3, 40, seed=5), weighted / weighted.sum(1, keepdim=True))
-    # 95%: the 2.5% and 97.5% quantiles.
-    lo, hi = percentile_interval(torch.linspace(0, 1, 1001, dtype=torch.float64)[:, None])
-    assert (float(lo), float(hi)) == (pytest.approx(0.025), pytest.approx(0.975))
+    # With walk probabilities, a resample's weights are its draw counts times the probabilities (the same
+    # seed draws the same counts).
+    counts = bootstrap_weights(None, 3, 40, seed=5)
+    assert torch.equal(bootstrap_weights(probs, 3, 40, seed=5), counts * probs[None])
+    # Weighted means normalise each row; with whole-number weights a rate of n hits in n walks is exactly 1
+    # (a sum of 1000 copies of 1/1000 is 1 + 1e-16).
+    hits = torch.ones(1000, dtype=torch.float64)
+    assert float(wmean(point_weights(None, 1000), hits)[0]) == 1.0
+    assert torch.equal(wmean(bootstrap_weights(None, 1000, 30, seed=1), hits), torch.ones(30, dtype=torch.float64))
+    assert float(wmean(probs[None], torch.tensor([1.0, 0.0, 2.0]))[0]) == 1.0
+    assert float(wmean(3 * probs[None], torch.tensor([1.0, 0.0, 2.0]))[0]) == 1.0
+
+
+def test_bias_corrected_bootstrap_interval():
+    draws = torch.linspace(0, 1, 1001, dtype=torch.float64)
+    # A point at the draws' median: z0 = 0, the plain 95% percentile interval (2.5% and 97.5% quantiles).
+    assert bootstrap_interval(draws, 0.5) == (pytest.approx(0.025), pytest.approx(0.975))
+    # A point with 90% of the draws below it (draws biased low): z0 = Phi^-1(0.9), and the interval moves
+    # up to the quantiles Phi(2 z0 -+ 1.96), around the point.
+    z0 = NormalDist().inv_cdf(900.5 / 1001)
+    lo, hi = bootstrap_interval(draws, 0.9)
+    assert (lo, hi) == (pytest.approx(NormalDist().cdf(2 * z0 - 1.959964), abs=1e-6),
+                        pytest.approx(NormalDist().cdf(2 * z0 + 1.959964), abs=1e-6))
+    assert 0.5 < lo < 0.9 < hi
+    # Constant draws collapse to the point; NaN draws are left out; nothing defined gives NaN.
+    assert bootstrap_interval(torch.full((50,), 0.3, dtype=torch.float64), 0.3) == (0.3, 0.3)
+    assert bootstrap_interval(torch.cat([draws, torch.full((99,), math.nan)]), 0.5) == bootstrap_interval(draws, 0.5)
+    assert all(math.isnan(x) for x in bootstrap_interval(torch.full((5,), math.nan), 0.5))
+    assert all(math.isnan(x) for x in bootstrap_interval(draws, math.nan))
+
+
+def test_spread_over_models():
     spread = Spread.of([1.0, 2.0, 3.0, float("nan")])
     # NaN left out; of three values a resample is all 1s (or all 3s) with chance 1/27 > 2.5%, so the 95%
     # percentile interval of the mean is exactly [1, 3].

@@ -80,6 +80,8 @@ def test_cli_train_json_and_run_directory(tmp_path, capsys):
         (["--keys-only"], "--keys-only needs --normalize-tokens"),
         (["--normalize-tokens", "--token-norm", "0"], "token norm must be a positive number"),
         (["--act-fn", "linear"], "--act-fn needs --mlp-width"),
+        (["--mlp-width", "4"], "an FC layer (mlp width) initialised at zero never trains"),
+        (["--model", "deep", "--mlp-width", "4"], "an FC layer (mlp width) initialised at zero never trains"),
         (["--seed", "-1"], "seed must be an integer in [0, 2^63 - 1], got -1"),
         (["--seed", str(2**64)], "seed must be an integer in [0, 2^63 - 1]"),
         (["--task", "lazy", "--start", "nan"], "--start values must be finite"),

@@ -79,13 +79,14 @@ def test_training_u_trains_the_papers_W(optimizer, weight_decay, model_options):
     assert not torch.allclose(W.detach(), W0)
 
 
+@pytest.mark.parametrize("p", [0.0, 1.0])
 @pytest.mark.parametrize("loss", ["log", "xent", "squared"])
-def test_theorem_4_1_deterministic_walk_never_breaks_symmetry(loss):
-    """p = 1, N = rK + 1, zero init, population GD, any loss: uniform attention over the real tokens,
+def test_theorem_4_1_deterministic_walk_never_breaks_symmetry(loss, p):
+    """p in {0, 1}, N = rK + 1, zero init, population GD, any loss: uniform attention over the real tokens,
     V proportional to all-ones and accuracy exactly 1/K, at every step."""
     K, r = 4, 3
     N = r * K + 1
-    task = CircleWalk(K, 1.0, N)
+    task = CircleWalk(K, p, N)
     model = paper_model(task, pos_dim=32)
     pop = task.population()
     for step in range(6):
