@@ -26,8 +26,10 @@ import os
 import pickle
 import pkgutil
 import shutil
+import signal
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
@@ -194,24 +196,55 @@ def execute(runs: list[PlannedRun], progress: Optional[bool] = None, jobs: int =
                 out[r.key] = future.result()
                 bar.set_postfix_str(f"{r.users[0][0]}:{r.spec.name}")
                 bar.update(r.spec.steps() + 1)
-        finally:
+        except BaseException:
             if own:
-                pool.shutdown(cancel_futures=True)
+                pool.stop()
+            raise
+        if own:
+            pool.shutdown(cancel_futures=True)
     return {r.key: out[r.key] for r in runs}
 
 
-def worker_pool(jobs: int, threads: int = 1) -> Any:
+class WorkerPool(ProcessPoolExecutor):
+    """A process pool whose workers leave Ctrl-C to this process.
+
+    Ctrl-C at a terminal reaches the whole process group. The workers start with SIGINT blocked (a
+    signal mask survives fork and exec), so they neither stop half-way nor print a KeyboardInterrupt of
+    their own: this process handles it, and :meth:`stop` ends the workers at once (SIGTERM, which ends
+    a worker without a word) instead of waiting for their runs to finish."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            return super().submit(fn, *args, **kwargs)  # starts a worker while none is idle
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    def stop(self) -> None:
+        """End every worker now and shut the pool down."""
+        for process in list((self._processes or {}).values()):
+            process.terminate()
+        self.shutdown(cancel_futures=True)
+
+
+def worker_pool(jobs: int, threads: int = 1) -> WorkerPool:
     """A pool of ``jobs`` spawned worker processes, each with ``threads`` torch threads and every spec
     module imported (so the quantities and figures they define are known there)."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_init_worker, initargs=(threads,))
+    return WorkerPool(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                      initializer=_init_worker, initargs=(threads,))
 
 
 def _init_worker(threads: int) -> None:
+    import threading
+
     import torch
+    from tqdm import tqdm
+
+    # tqdm's default lock is a multiprocessing semaphore, which a worker ended by WorkerPool.stop could not
+    # release: the workers' bars (never shown) share a thread lock instead.
+    tqdm.set_lock(threading.RLock())
 
     discover()  # imports every spec module, registering the quantities they define
     torch.set_num_threads(threads)
@@ -337,15 +370,20 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
         finally:
             torch.set_num_threads(previous)
         outcomes = draw_figures(figures, names, trained, reduced, tmp, pool, in_flight=jobs)
+        if pool is not None:  # shut down (about a second) before publishing: a stop meanwhile leaves nothing behind
+            pool.shutdown(cancel_futures=True)
+            pool = None
         run_rows = [_run_row(r, trained[r.key]) for r in runs]
         rep = Report(outcomes, run_rows, time.perf_counter() - start, reduced, load_before, jobs)
         if write:
             report.write(rep, tmp)
             publish(tmp, check_target(out, "reproduction", REPORT_FILES))
         return rep
-    finally:
+    except BaseException:
         if pool is not None:
-            pool.shutdown(cancel_futures=True)
+            pool.stop()
+        raise
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 

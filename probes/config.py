@@ -14,6 +14,11 @@ from rwinterp.errors import from_dict_checked, require, require_seed
 HOOKS = ("resid_pre", "v", "z", "pattern")
 
 
+#: Resamples beyond this change an interval's ends far less than the walks' own sampling noise (each
+#: resample is a [walks] row of weights: 10^5 of them on 1000 walks take 0.8 GB).
+MAX_BOOTSTRAP = 100_000
+
+
 @dataclass
 class ProbeConfig:
     """How to probe.
@@ -49,9 +54,9 @@ class ProbeConfig:
         require(0.0 < self.confidence < 1.0, f"confidence must lie in (0, 1), got {self.confidence}")
         # Fewer resamples leave no draw beyond a tail: the "interval" is then one or two draws.
         least = math.ceil(2 / (1 - self.confidence) - 1e-9)
-        require(self.bootstrap == 0 or self.bootstrap >= least,
-                f"bootstrap must be 0 (no intervals) or at least {least} resamples for a {self.confidence:.0%} "
-                f"interval, got {self.bootstrap}")
+        require(self.bootstrap == 0 or least <= self.bootstrap <= MAX_BOOTSTRAP,
+                f"bootstrap must be 0 (no intervals) or between {least} and {MAX_BOOTSTRAP} resamples for a "
+                f"{self.confidence:.0%} interval, got {self.bootstrap}")
         require_seed(self.seed)
 
     def to_dict(self) -> dict[str, Any]:

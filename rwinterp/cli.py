@@ -133,9 +133,9 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
 def add_deep_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("deeper and standard models (--model deep; rwinterp.deep)")
     g.add_argument("--model", choices=["paper", "deep"], default="paper",
-                   help="paper: the paper's one-layer model (default); deep: rwinterp.deep.DeepTransformer, "
-                        "which holds [walks, N, d_model] activations: with concatenated positions keep M small "
-                        "(e.g. --M 64)")
+                   help="paper: the paper's one-layer model (default); deep: rwinterp.deep.DeepTransformer "
+                        "(attending from the query slot, it builds only the query's row; causal attention holds "
+                        "[walks, N, d_model] activations, so keep d_model small there)")
     g.add_argument("--preset", choices=["paper", "standard"], default=None,
                    help="deep model starting point: paper (default; the paper's model as a DeepTransformer) or "
                         "standard (learned added positions, factored QK, residual, causal, GPT-2 init, d_model 32; "
@@ -439,8 +439,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _limit_memory() -> Callable[[], None]:
+    """Cap the address space of this process (and of the workers it starts) at its present size plus the
+    memory the machine has free, so that sizes too large for it fail with a MemoryError, reported in one
+    line, instead of filling the machine until the kernel kills the process without a word. (Address
+    space that libraries reserve without using counts too: torch and TransformerLens take 1.6 GiB of it
+    and little memory.) Returns what undoes it."""
+    try:
+        import resource
+
+        info = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+        free = sum(int(info[k].split()[0]) << 10 for k in ("MemAvailable", "SwapFree"))
+        size = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) << 10
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = size + free
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        if soft != resource.RLIM_INFINITY and soft <= limit:
+            return lambda: None
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+        return lambda: resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    except (ImportError, OSError, KeyError, ValueError, StopIteration):  # not Linux: no cap
+        return lambda: None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     restore = stopping.install()
+    unlimit = _limit_memory()
     try:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
@@ -480,6 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("rwinterp: interrupted\n")
         return 130
     finally:
+        unlimit()
         restore()
 
 

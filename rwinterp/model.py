@@ -301,9 +301,9 @@ class WalkActivationCache(ActivationCache):
 
 class HookedWalkModel(HookedRootModule):
     """What the library's hooked models share beyond :class:`HookedRootModule`: ``run_with_cache``
-    returning an :class:`ActivationCache` (:class:`WalkActivationCache`), and ``QK = W_Q W_K^T`` and ``OV = W_V W_O`` per layer and
-    head as TransformerLens :class:`FactoredMatrix` objects (from the subclass's weight views; for
-    the paper's model QK equals ``W^T`` on its domain, the query slot)."""
+    returning an :class:`ActivationCache` (a :class:`WalkActivationCache`), and ``QK = W_Q W_K^T`` and
+    ``OV = W_V W_O`` per layer and head as TransformerLens :class:`FactoredMatrix` objects (from the
+    subclass's weight views; for the paper's model QK equals ``W^T`` on its domain, the query slot)."""
 
     def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
         """As in TransformerLens, returning an :class:`ActivationCache` (a :class:`WalkActivationCache`)."""

@@ -167,7 +167,13 @@ class Task(ABC):
         return {"kind": self.kind, **self.params()}
 
     def describe(self) -> str:
-        args = ", ".join(f"{k}={v}" for k, v in self.params().items() if not isinstance(v, list))
+        """``kind(K=6, p=0.5, N=97)``: the parameters, a start distribution as its probabilities (left out
+        when uniform), a transition matrix left out."""
+        def show(v: Any) -> str:
+            return "[" + ", ".join(f"{x:g}" for x in v) + "]" if isinstance(v, list) else str(v)
+
+        args = ", ".join(f"{k}={show(v)}" for k, v in self.params().items()
+                         if v is not None and not (isinstance(v, list) and v and isinstance(v[0], list)))
         return f"{self.kind}({args})"
 
 

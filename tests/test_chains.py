@@ -196,3 +196,11 @@ def test_a_first_order_higher_order_chain_is_the_markov_chain():
     # likely next state of their parent.
     hit = (pi[pa.tokens[:, -2]].argmax(1) == pa.labels).to(torch.float64)
     assert first.bayes_accuracy() == pytest.approx(float((pa.weights * hit).sum()), rel=1e-12)
+
+
+def test_a_chain_describes_its_start_unless_it_is_uniform():
+    assert LazyWalk(5, 0.5, 0.2, 6).describe() == "lazy(K=5, p=0.5, stay=0.2, N=6)"
+    assert LazyWalk(5, 0.5, 0.2, 6, initial=[0, 0, 1, 0, 0]).describe() == \
+        "lazy(K=5, p=0.5, stay=0.2, N=6, initial=[0, 0, 1, 0, 0])"
+    assert MarkovChain([[0.1, 0.9], [0.6, 0.4]], 5, initial=[0.25, 0.75]).describe() == \
+        "markov(N=5, initial=[0.25, 0.75])"  # the transition matrix is not spelled out

@@ -169,6 +169,30 @@ def test_a_terminated_reproduction_leaves_nothing_behind(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ctrl_c_at_a_terminal_stops_the_workers_quietly(tmp_path):
+    """Ctrl-C at a terminal reaches the whole process group, training workers included: only this process
+    answers it (the workers start with SIGINT blocked and are ended by it), in one line, at once."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "rwinterp.cli", "reproduce", "4", "5", "8", "9", "--jobs", "2",
+                             "--out", str(tmp_path / "rr"), "--no-progress"], stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    children = f"/proc/{proc.pid}/task/{proc.pid}/children"
+    deadline = time.monotonic() + 120
+    while len(open(children).read().split()) < 3 and time.monotonic() < deadline:  # the workers are starting
+        time.sleep(0.05)
+    time.sleep(1.0)  # in the workers' imports: a KeyboardInterrupt there used to print its traceback
+    os.killpg(proc.pid, signal.SIGINT)
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (130, "rwinterp: interrupted\n")
+    assert time.monotonic() - start < 20  # the workers' runs are not waited for
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_records_merge_steps_and_quantities():
     a, b = Record(("V",), at=(1, 5)), Record(("attention",), at=(5, 9))
     merged = a.merged(b)

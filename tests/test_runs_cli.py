@@ -1,6 +1,7 @@
 """Saved runs and the command line: round trips, JSON output, one-line errors."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -118,6 +119,40 @@ def test_sizes_too_large_to_compute_are_one_line(capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("rwinterp: error: not enough memory") and err.count("\n") == 1
+
+
+def test_commands_cap_their_memory_at_what_the_machine_has_free():
+    """Under the cap an allocation beyond the machine's free memory fails at once (and is reported in one
+    line), where Linux would hand out the address space and kill the process once it is used; the cap is
+    lifted when the command returns."""
+    import resource
+
+    from rwinterp.cli import _limit_memory
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    info = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+    free = sum(int(info[k].split()[0]) << 10 for k in ("MemAvailable", "SwapFree"))
+    size = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) << 10
+    undo = _limit_memory()
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        # This process's size and the memory free (which drifts meanwhile).
+        assert soft == pytest.approx(size + free, abs=256 << 20)
+        with pytest.raises(RuntimeError, match="can't allocate memory"):
+            torch.empty(soft, dtype=torch.uint8)
+    finally:
+        undo()
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+
+
+def test_an_out_that_is_a_link_replaces_the_directory_it_names(tmp_path, capsys):
+    assert main(["train", *SMALL, "--steps", "1", "--out", str(tmp_path / "run")]) == 0
+    (tmp_path / "link").symlink_to("run")
+    assert main(["train", *SMALL, "--steps", "2", "--out", str(tmp_path / "link")]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "run"]  # nothing left beside them
+    assert (tmp_path / "link").is_symlink() and os.readlink(tmp_path / "link") == "run"
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["steps"] == 2
 
 
 def test_a_bad_out_is_refused_before_the_work(tmp_path, capsys):
