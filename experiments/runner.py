@@ -221,7 +221,7 @@ class WorkerPool(ProcessPoolExecutor):
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def stop(self) -> None:
-        """End every worker now and shut the pool down."""
+        """End every worker now and shut the pool down (what Python 3.14's ``terminate_workers`` does)."""
         for process in list((self._processes or {}).values()):
             process.terminate()
         self.shutdown(cancel_futures=True)
