@@ -30,6 +30,7 @@ import signal
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
@@ -186,9 +187,7 @@ def execute(runs: list[PlannedRun], progress: Optional[bool] = None, jobs: int =
             config = r.spec.configs()[3]
             return config.steps * config.n_train
 
-        own = pool is None
-        pool = worker_pool(jobs, threads) if own else pool
-        try:
+        with worker_pool(jobs, threads) if pool is None else nullcontext(pool) as pool:
             # Longest first (steps x training walks), so that no long run starts last.
             futures = {pool.submit(execute_run, r.spec): r for r in sorted(runs, key=cost, reverse=True)}
             for future in as_completed(futures):
@@ -196,12 +195,6 @@ def execute(runs: list[PlannedRun], progress: Optional[bool] = None, jobs: int =
                 out[r.key] = future.result()
                 bar.set_postfix_str(f"{r.users[0][0]}:{r.spec.name}")
                 bar.update(r.spec.steps() + 1)
-        except BaseException:
-            if own:
-                pool.stop()
-            raise
-        if own:
-            pool.shutdown(cancel_futures=True)
     return {r.key: out[r.key] for r in runs}
 
 
@@ -225,6 +218,14 @@ class WorkerPool(ProcessPoolExecutor):
         for process in list((self._processes or {}).values()):
             process.terminate()
         self.shutdown(cancel_futures=True)
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        """Leaving a ``with`` block: shut down after the work, stop at once after an error or a stop."""
+        if exc_type is None:
+            self.shutdown(cancel_futures=True)
+        else:
+            self.stop()
+        return False
 
 
 def worker_pool(jobs: int, threads: int = 1) -> WorkerPool:
@@ -359,30 +360,23 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
         tmp = Path(tempfile.mkdtemp(prefix=".reproduce-", dir=scratch))
     except OSError as exc:
         raise RwinterpError(f"cannot write into {scratch}: {exc.strerror or exc}") from None
-    # One pool of workers trains the runs and then draws the figures.
-    pool = None
     previous = torch.get_num_threads()
     try:
-        pool = worker_pool(jobs, threads) if jobs > 1 else None
-        torch.set_num_threads(threads)
-        try:
-            trained = execute(runs, progress, jobs=jobs, threads=threads, pool=pool)
-        finally:
-            torch.set_num_threads(previous)
-        outcomes = draw_figures(figures, names, trained, reduced, tmp, pool, in_flight=jobs)
-        if pool is not None:  # shut down (about a second) before publishing: a stop meanwhile leaves nothing behind
-            pool.shutdown(cancel_futures=True)
-            pool = None
+        # One pool of workers trains the runs and then draws the figures. It is shut down (about a second)
+        # before publishing, so that a stop meanwhile leaves nothing behind.
+        with worker_pool(jobs, threads) if jobs > 1 else nullcontext() as pool:
+            torch.set_num_threads(threads)
+            try:
+                trained = execute(runs, progress, jobs=jobs, threads=threads, pool=pool)
+            finally:
+                torch.set_num_threads(previous)
+            outcomes = draw_figures(figures, names, trained, reduced, tmp, pool, in_flight=jobs)
         run_rows = [_run_row(r, trained[r.key]) for r in runs]
         rep = Report(outcomes, run_rows, time.perf_counter() - start, reduced, load_before, jobs)
         if write:
             report.write(rep, tmp)
             publish(tmp, check_target(out, "reproduction", REPORT_FILES))
         return rep
-    except BaseException:
-        if pool is not None:
-            pool.stop()
-        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

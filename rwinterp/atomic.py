@@ -32,7 +32,7 @@ def check_target(target: str | Path, kind: str, files: Sequence[str]) -> Path:
     require(str(target) != "", "--out must name a directory")
     target = Path(target)
     if target.is_symlink():  # the directory the link names is replaced; the link stays, pointing at it
-        target = Path(os.path.realpath(target))
+        target = target.resolve()
     if target.exists():
         require(target.is_dir(), f"{target} exists and is not a directory")
         require(target.resolve() != Path.cwd().resolve(), "--out cannot be the current directory (it is replaced)")

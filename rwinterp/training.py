@@ -294,8 +294,10 @@ def train(
                                               <= 0).any()):
                 # -log(f_y + eps) needs f_y > -eps: raw scores that can be negative (a large random
                 # initialisation, a model whose outputs are logits) leave it undefined.
-                other = ("" if getattr(model.cfg, "init", None) != "gaussian" else ", or a smaller --sigma") \
-                    if step == 0 else ", or a smaller --lr or --weight-decay"
+                if step:
+                    other = ", or a smaller --lr or --weight-decay"
+                else:  # only a Gaussian initialisation has a scale to make smaller
+                    other = ", or a smaller --sigma" if getattr(model.cfg, "init", None) == "gaussian" else ""
                 raise TrainingDiverged(f"the loss -log(f_y + eps) is undefined {where}: some score f_y is at or "
                                        f"below -eps = {-config.eps:g} (use --loss xent{other})", result)
             raise TrainingDiverged(f"the loss became {loss_value} {where}", result)
