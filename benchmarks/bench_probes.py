@@ -70,15 +70,14 @@ def main() -> None:
     from probes.attention import attention_probe
     from probes.config import ProbeConfig
     from probes.patching import corrupted_walks, patching_probe
-    from probes.scorecard import scorecard
+    from probes.scoring import scorecard
     from probes.transition import transition_probe
-    from rwinterp.config import WalkTransformerConfig
-    from rwinterp.model import WalkTransformer
+    from rwinterp.model import DeepConfig, DeepTransformer
     from rwinterp.tasks import CircleWalk
     from rwinterp.training import TrainConfig, make_data, train
 
     task = CircleWalk(6, 0.5, 97)
-    model = WalkTransformer(WalkTransformerConfig(n_states=6, n_ctx=97, pos_dim=1000))
+    model = DeepTransformer(DeepConfig.paper(6, 97, 1000))
     train(model, task, TrainConfig(), progress=False)
     test = make_data(task, TrainConfig())[1]
     config = ProbeConfig(progress=False)

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Callable
 
-from rwinterp.cli import command
+from rwinterp.cli import Command
 
 
-@command("reproduce", "reproduce the paper's figures: PNGs, results.json and REPRODUCTION.md")
-def _reproduce_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("figures", nargs="*", metavar="FIG",
                         help="figure numbers (2, 4, ...), extra studies by name, or 'all'")
     parser.add_argument("--out", help="directory for the figures and the report (required unless --list)")
@@ -21,7 +19,6 @@ def _reproduce_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Na
                         help="runs trained at once, in worker processes (default: the number of CPUs, "
                              "at most 8); the numbers do not depend on it")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    return _reproduce
 
 
 def _reproduce(args: argparse.Namespace) -> int:
@@ -47,3 +44,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         print(f"{'holds' if c.holds else 'FAILS':>5}  fig {c.figure:>10}  {c.claim}")
     print(f"{held} of {len(claims)} claims hold; {rep.seconds:.1f} s; report: {args.out}/REPRODUCTION.md")
     return 0
+
+
+REPRODUCE = Command("reproduce", "reproduce the paper's figures: PNGs, results.json and REPRODUCTION.md",
+                    _configure, _reproduce)

@@ -37,6 +37,10 @@ REF_STYLES = ("--", ":", "-.")
 DASHES = ((0, (6, 2)), (0, (2, 2)), (0, (6, 2, 2, 2)), (0, (1, 3)))
 
 
+#: The y ticks of a log panel whose data are all exactly 0 (drawn on a symlog axis).
+SYMLOG_TICKS = (0, 1e-12, 1e-8, 1e-4, 1)
+
+
 def resolved(value: Any, results: Results) -> Any:
     """A panel field that may be a source (a callable of the results): its value for these results."""
     return value(results) if callable(value) else value
@@ -48,9 +52,37 @@ def panel_refs(panel: Panel, results: Results) -> dict[str, float]:
 
 
 def draw_refs(ax: Any, refs: dict[str, float]) -> list[Any]:
-    """Horizontal reference lines (label -> value) in grey, one style of :data:`REF_STYLES` each; the lines."""
-    return [ax.axhline(value, ls=REF_STYLES[i % len(REF_STYLES)], color="0.35", lw=1, label=label)
+    """Horizontal reference lines (label -> value) in grey, one style of :data:`REF_STYLES` each, under
+    the data (a curve lying on a reference line stays visible); the lines, tagged ``gid="ref"``."""
+    return [ax.axhline(value, ls=REF_STYLES[i % len(REF_STYLES)], color="0.35", lw=1, label=label, zorder=1.5,
+                       gid="ref")
             for i, (label, value) in enumerate(refs.items())]
+
+
+def mark_off_scale(ax: Any) -> None:
+    """Where a fixed y range cuts off a curve, a triangle in the curve's colour on the edge it leaves by
+    (at its most extreme point) and a note of how far it goes, so a clipped curve is never mistaken
+    for one that stays inside."""
+    lo, hi = ax.get_ylim()
+    beyond: dict[str, list[float]] = {"above": [], "below": []}
+    for line in ax.get_lines():
+        if line.get_gid() == "ref":
+            continue
+        x, y = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+        if x.shape != y.shape:
+            continue
+        for side, out, edge, marker in (("above", y > hi, hi, "^"), ("below", y < lo, lo, "v")):
+            out = out & np.isfinite(y)
+            if out.any():
+                i = int(np.argmax(np.where(out, np.abs(y - edge), -np.inf)))
+                ax.scatter([x[i]], [edge], marker=marker, s=24, color=line.get_color(), clip_on=False, zorder=5,
+                           gid="off-scale")
+                beyond[side].append(float(y[i]))
+    notes = ([f"▲ off the scale: up to {max(beyond['above']):.3g}"] if beyond["above"] else []) + (
+        [f"▼ off the scale: down to {min(beyond['below']):.3g}"] if beyond["below"] else [])
+    if notes:
+        ax.text(0.99, 0.98, "\n".join(notes), transform=ax.transAxes, ha="right", va="top", fontsize=6, color="0.3",
+                gid="off-scale")
 
 
 def _line(ax: Any, panel: Panel, results: Results) -> str:
@@ -72,7 +104,11 @@ def _line(ax: Any, panel: Panel, results: Results) -> str:
         if panel.options.get("dashes") and i:  # the format keeps its marker, the dash pattern replaces its line
             marker = style.replace("-", "").replace(":", "")
             ax.plot(x, y, *([marker] if marker else []), linestyle=DASHES[(i - 1) % len(DASHES)], label=label,
-                    color=colour, lw=1.6, ms=3)
+                    color=colour, lw=1.4, ms=3, zorder=2.5)
+        elif panel.options.get("dashes") and len(panel.series) > 1:
+            # The first curve, solid, is drawn wide and under the dashed ones: where they lie on it, it
+            # still shows on both sides of them and in their gaps.
+            ax.plot(x, y, style, label=label, color=colour, lw=3.2, ms=4, alpha=0.7, zorder=2)
         else:
             ax.plot(x, y, style, label=label, color=colour, lw=1.6, ms=3)
         xs.append(x)
@@ -82,13 +118,15 @@ def _line(ax: Any, panel: Panel, results: Results) -> str:
     if panel.logy:
         has_positive = any(line.get_ydata().size and np.nanmax(np.asarray(line.get_ydata(), float)) > 0
                            for line in ax.get_lines())
-        # All-zero data (an exactly kept symmetry) cannot be log-scaled: show it on a symlog axis.
+        # All-zero data (an exactly kept symmetry) cannot be log-scaled: show it on a symlog axis, with 0
+        # a little above the bottom edge (a curve on the edge would hide under the axis) and its tick
+        # well apart from the first decade's.
         if has_positive:
             ax.set_yscale("log")
         else:
             ax.set_yscale("symlog", linthresh=1e-16)
-            ax.set_ylim(0, 1)
-            ax.set_yticks([0, 1e-16, 1e-8, 1])
+            ax.set_ylim(-0.5e-16, 1)
+            ax.set_yticks(SYMLOG_TICKS)
     if "yticks" in panel.options:  # e.g. only the meaningful ticks where ylim leaves room for a legend
         ax.set_yticks(panel.options["yticks"])
     if panel.options.get("legend", len(panel.series) + len(panel.ref) > 1):
@@ -163,9 +201,15 @@ def _bar(ax: Any, panel: Panel, results: Results) -> str:
         labels = panel.options.get("xticklabels") or [str(i + 1) for i in range(len(y))]
     many = len(y) > 25  # e.g. one bar per position: solid bars that touch, else the edges hide them
     x = np.arange(1, len(y) + 1) if many else np.arange(len(y))  # many: the axis counts from 1, as labels do
-    ax.bar(x, y, color=sns.color_palette("colorblind")[panel.options.get("colour", 0)],
-           width=1.0 if many else 0.8, linewidth=0 if many else None)
-    if not many:
+    colour = sns.color_palette("colorblind")[panel.options.get("colour", 0)]
+    ax.bar(x, y, color=colour, width=1.0 if many else 0.8, linewidth=0 if many else None)
+    if many:
+        from probes.plots import position_ticks
+
+        position_ticks(ax, x)  # 1, round numbers, N: no tick at a position 0 that does not exist
+    else:
+        # A dot at each bar's end: a bar of exactly 0 is seen, not mistaken for a missing one.
+        ax.scatter(x, y, s=20, color=colour, edgecolors="white", linewidths=0.6, zorder=3, clip_on=False)
         ax.set_xticks(x)
         rotation = panel.options.get("rotation", 0)
         ax.set_xticklabels(labels, rotation=rotation, fontsize=7, ha="right" if rotation else "center",
@@ -183,9 +227,38 @@ def _bar(ax: Any, panel: Panel, results: Results) -> str:
 
 
 def _text(ax: Any, panel: Panel, results: Results) -> str:
+    """Lines of text in the figure's own (proportional) font; ``$...$`` is rendered as mathtext."""
     ax.axis("off")
-    ax.text(0.0, 1.0, str(panel.data(results)), va="top", ha="left", family="monospace", fontsize=7,
+    ax.grid(False)
+    ax.text(0.0, 1.0, str(panel.data(results)), va="top", ha="left", fontsize=7, linespacing=1.25,
             transform=ax.transAxes)
+    return ""
+
+
+#: Height of a table row, as a share of its panel's height.
+ROW_HEIGHT = 0.075
+
+
+def _table(ax: Any, panel: Panel, results: Results) -> str:
+    """A :class:`experiments.spec.Table` as a table with a header row (and its note under it)."""
+    table = panel.data(results)
+    ax.axis("off")
+    ax.grid(False)
+    rows = [[str(c) for c in row] for row in table.rows] or [["" for _ in table.columns]]
+    drawn = ax.table(cellText=rows, colLabels=list(table.columns), cellLoc="center", colLoc="center",
+                     loc="upper center")
+    drawn.auto_set_font_size(False)
+    drawn.set_fontsize(7)
+    drawn.auto_set_column_width(list(range(len(table.columns))))  # each column as wide as its widest cell
+    for (row, _), cell in drawn.get_celld().items():
+        cell.set_edgecolor("0.8")
+        cell.set_height(ROW_HEIGHT)
+        if row == 0:
+            cell.set_facecolor("0.92")
+            cell.set_text_props(fontweight="bold")
+    height = ROW_HEIGHT * (len(rows) + 1)
+    if table.note:
+        ax.text(0.0, 1.0 - height - 0.04, table.note, va="top", ha="left", fontsize=7, transform=ax.transAxes)
     return ""
 
 
@@ -195,7 +268,7 @@ def _custom(ax: Any, panel: Panel, results: Results) -> str:
 
 
 DRAWERS: dict[str, Callable[[Any, Panel, Results], str]] = {
-    "line": _line, "heatmap": _heatmap, "bar": _bar, "text": _text, "custom": _custom,
+    "line": _line, "heatmap": _heatmap, "bar": _bar, "text": _text, "table": _table, "custom": _custom,
 }
 
 
@@ -265,6 +338,8 @@ def render(fig: FigureSpec, results: Results, out_dir: Path) -> tuple[str | None
             ax.set_ylabel(panel.ylabel, fontsize=8)
             if panel.ylim is not None:
                 ax.set_ylim(*panel.ylim)
+                if panel.kind == "line":
+                    mark_off_scale(ax)
         except Exception as exc:  # noqa: BLE001  (drawn as a message and reported)
             ax.cla()
             ax.axis("off")

@@ -30,17 +30,18 @@ import signal
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
 from experiments.spec import (QUANTITIES, Check, ClaimResult, FigureSpec, Results, RunResult, RunSpec,
                               StepView)
-from rwinterp.atomic import check_target, publish
+from rwinterp.atomic import check_target, publish, remove_stale, temporary_sibling
 from rwinterp.errors import RwinterpError, require
+from rwinterp.jsonable import jsonable
 
 #: What a reproduction directory holds (its marker first): an existing --out is replaced only if it holds no more.
 REPORT_FILES = ("results.json", "runs.json", "REPRODUCTION.md", "*.png")
@@ -187,9 +188,9 @@ def execute(runs: list[PlannedRun], progress: Optional[bool] = None, jobs: int =
             config = r.spec.configs()[3]
             return config.steps * config.n_train
 
-        with worker_pool(jobs, threads) if pool is None else nullcontext(pool) as pool:
+        with running(worker_pool(jobs, threads)) if pool is None else nullcontext(pool) as pool:
             # Longest first (steps x training walks), so that no long run starts last.
-            futures = {pool.submit(execute_run, r.spec): r for r in sorted(runs, key=cost, reverse=True)}
+            futures = {submit(pool, execute_run, r.spec): r for r in sorted(runs, key=cost, reverse=True)}
             for future in as_completed(futures):
                 r = futures[future]
                 out[r.key] = future.result()
@@ -198,43 +199,44 @@ def execute(runs: list[PlannedRun], progress: Optional[bool] = None, jobs: int =
     return {r.key: out[r.key] for r in runs}
 
 
-class WorkerPool(ProcessPoolExecutor):
-    """A process pool whose workers leave Ctrl-C to this process.
-
-    Ctrl-C at a terminal reaches the whole process group. The workers start with SIGINT blocked (a
-    signal mask survives fork and exec), so they neither stop half-way nor print a KeyboardInterrupt of
-    their own: this process handles it, and :meth:`stop` ends the workers at once (SIGTERM, which ends
-    a worker without a word) instead of waiting for their runs to finish."""
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            return super().submit(fn, *args, **kwargs)  # starts a worker while none is idle
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-
-    def stop(self) -> None:
-        """End every worker now and shut the pool down (what Python 3.14's ``terminate_workers`` does)."""
-        for process in list((self._processes or {}).values()):
-            process.terminate()
-        self.shutdown(cancel_futures=True)
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        """Leaving a ``with`` block: shut down after the work, stop at once after an error or a stop."""
-        if exc_type is None:
-            self.shutdown(cancel_futures=True)
-        else:
-            self.stop()
-        return False
-
-
-def worker_pool(jobs: int, threads: int = 1) -> WorkerPool:
-    """A pool of ``jobs`` spawned worker processes, each with ``threads`` torch threads and every spec
-    module imported (so the quantities and figures they define are known there)."""
+def worker_pool(jobs: int, threads: int = 1) -> ProcessPoolExecutor:
+    """A pool of ``jobs`` spawned worker processes, each with ``threads`` torch threads and every spec module
+    imported (so the quantities and figures they define are known there). Submit to it with :func:`submit`
+    and use it inside :func:`running`."""
     import multiprocessing
 
-    return WorkerPool(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                      initializer=_init_worker, initargs=(threads,))
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_init_worker, initargs=(threads,))
+
+
+def submit(pool: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``pool.submit`` with Ctrl-C blocked while a worker may start: a worker inherits the mask and starts with
+    SIGINT blocked, so the Ctrl-C a terminal sends the whole process group never interrupts its imports; its
+    initialiser then ignores SIGINT for good (this process answers it and ends the workers)."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return pool.submit(fn, *args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+@contextmanager
+def running(pool: Optional[ProcessPoolExecutor]) -> Iterator[Optional[ProcessPoolExecutor]]:
+    """Use ``pool`` (or None) in a ``with`` block: shut down after the work; after an error, Ctrl-C or SIGTERM,
+    cancel what is queued and end the workers now instead of waiting for their runs."""
+    import multiprocessing
+
+    if pool is None:
+        yield None
+        return
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for child in multiprocessing.active_children():
+            child.terminate()
+        raise
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _init_worker(threads: int) -> None:
@@ -243,12 +245,29 @@ def _init_worker(threads: int) -> None:
     import torch
     from tqdm import tqdm
 
-    # tqdm's default lock is a multiprocessing semaphore, which a worker ended by WorkerPool.stop could not
+    # tqdm's default lock is a multiprocessing semaphore, which a worker ended by :func:`running` could not
     # release: the workers' bars (never shown) share a thread lock instead.
     tqdm.set_lock(threading.RLock())
-
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    die_with_parent()
     discover()  # imports every spec module, registering the quantities they define
     torch.set_num_threads(threads)
+
+
+def die_with_parent() -> None:
+    """Ask Linux to end this process when its parent dies, however it dies (SIGKILL included): a worker never
+    outlives the command that started it. Elsewhere, nothing."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the parent died before the request was made
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass
 
 
 # --------------------------------------------------------------------------------------- claims
@@ -260,7 +279,7 @@ def evaluate_claims(fig: FigureSpec, results: Results) -> list[ClaimResult]:
         try:
             check = claim.check if isinstance(claim.check, Check) else claim.check(results)
             expected = expected or check.describe()
-            measured = to_jsonable(claim.measure(results))
+            measured = jsonable(claim.measure(results))
             holds = bool(check.holds(measured))
             error = None
         except Exception as exc:  # noqa: BLE001  (a broken measurement is reported, not raised)
@@ -275,26 +294,6 @@ def evaluate_claims(fig: FigureSpec, results: Results) -> list[ClaimResult]:
                 note = f"{note} (its explanation failed: {type(exc).__name__}: {exc})".strip()
         out.append(ClaimResult(fig.id, claim.claim, expected, measured, holds, note, error))
     return out
-
-
-def to_jsonable(x: Any) -> Any:
-    """Numbers, bools, strings, lists and dicts; tensors and arrays become (nested) lists."""
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
-    if isinstance(x, np.ndarray):
-        return to_jsonable(x.tolist()) if x.ndim else to_jsonable(x.item())
-    if isinstance(x, (np.floating, float)):
-        x = float(x)
-        return None if not math.isfinite(x) else x
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (np.bool_,)):
-        return bool(x)
-    if isinstance(x, dict):
-        return {str(k): to_jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [to_jsonable(v) for v in x]
-    return x
 
 
 # -------------------------------------------------------------------------------------- pipeline
@@ -351,20 +350,22 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
     figures = select(discover(), ids)
     runs, names = plan(figures, reduced)
     out = Path(out)
-    scratch = Path(tempfile.gettempdir())
-    if write:  # refused now, not after the training: and the whole directory is replaced at the end
-        check_target(out, "reproduction", REPORT_FILES)
-        scratch = out.parent
+    # The report is built beside its target (the whole directory is replaced at the end) in a folder named
+    # after this process, so that the next reproduction removes it if this one is killed outright.
+    if write:  # refused now, not after the training
+        out = check_target(out, "reproduction", REPORT_FILES)
+        remove_stale(out)
+    tmp = temporary_sibling(out if write else Path(tempfile.gettempdir()) / "rwinterp-reproduce")
     try:
-        scratch.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".reproduce-", dir=scratch))
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
     except OSError as exc:
-        raise RwinterpError(f"cannot write into {scratch}: {exc.strerror or exc}") from None
+        raise RwinterpError(f"cannot write into {tmp.parent}: {exc.strerror or exc}") from None
     previous = torch.get_num_threads()
     try:
         # One pool of workers trains the runs and then draws the figures. It is shut down (about a second)
         # before publishing, so that a stop meanwhile leaves nothing behind.
-        with worker_pool(jobs, threads) if jobs > 1 else nullcontext() as pool:
+        with running(worker_pool(jobs, threads) if jobs > 1 else None) as pool:
             torch.set_num_threads(threads)
             try:
                 trained = execute(runs, progress, jobs=jobs, threads=threads, pool=pool)
@@ -404,7 +405,7 @@ def draw_figures(figures: list[FigureSpec], names: dict[tuple[str, str], str], t
     def submit_more() -> None:
         while pool is not None and waiting and sum(not f.done() for f in futures.values()) < in_flight:
             fig = waiting.pop(0)
-            futures[fig.id] = pool.submit(_draw_pickled, fig.id, _pickled(results[fig.id]), out_dir)
+            futures[fig.id] = submit(pool, _draw_pickled, fig.id, _pickled(results[fig.id]), out_dir)
 
     submit_more()
     outcomes = []
@@ -451,7 +452,7 @@ def _draw(fig: FigureSpec | str, results: Results, out_dir: Path) -> tuple[Optio
 
 def _run_row(planned: PlannedRun, result: RunResult) -> dict[str, Any]:
     final = result.history[-1] if result.history else {}
-    return to_jsonable({
+    return jsonable({
         "key": planned.key, "used_by": [f"{f}:{n}" for f, n in planned.users],
         "task": planned.spec.task, "model": planned.spec.model, "train": planned.spec.train,
         "seconds": round(result.seconds, 3), "error": result.error,

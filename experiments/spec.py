@@ -6,7 +6,7 @@ A figure is data, not a script. :class:`FigureSpec` lists
   :class:`~rwinterp.training.TrainConfig` dict) plus a :class:`Record` of what to keep beyond the
   per-step history (snapshots of V, the mean attention, the attention-averaged token, ...);
 * ``panels``: :class:`Panel` s, each a panel kind (``line``, ``heatmap``, ``bar``, ``text``,
-  ``custom``) fed by *sources* that read the run results;
+  ``table``, ``custom``) fed by *sources* that read the run results;
 * ``claims``: :class:`Claim` s, each a sentence of the paper with the value it predicts, a source
   that measures it and a :class:`Check` that decides whether it holds.
 
@@ -109,7 +109,7 @@ class RunSpec:
     """One named training run.
 
     ``task``: a task dict for :func:`rwinterp.tasks.task_from_dict` (``{"kind": "circle", "K": 6,
-    "p": 0.5, "N": 97}``). ``model``: :class:`~rwinterp.config.WalkTransformerConfig` fields;
+    "p": 0.5, "N": 97}``). ``model``: :class:`~rwinterp.config.DeepOptions` fields (the paper's model by default);
     ``n_states`` and ``n_ctx`` default to the task's. ``train``: :class:`TrainConfig` fields.
     ``reduced``: overrides for reduced mode, merged after the figure's.
     """
@@ -143,8 +143,8 @@ class RunSpec:
     def configs(self) -> tuple[Any, str, dict[str, Any], Any]:
         """(task, model kind, model config dict, :class:`TrainConfig`) of the run, every default filled in.
 
-        The model dict's optional ``"kind"`` names a registered model kind (default ``"walk"``, the
-        paper's model); ``n_states`` and ``n_ctx`` default to the task's.
+        The model dict's optional ``"kind"`` names a registered model kind (default ``"deep"``, the library's
+        model, whose defaults are the paper's); ``n_states`` and ``n_ctx`` default to the task's.
         """
         from rwinterp.runs import full_model_config
         from rwinterp.tasks import task_from_dict
@@ -152,8 +152,9 @@ class RunSpec:
 
         task = task_from_dict(self.task)
         model = {"n_states": task.n_states, "n_ctx": task.seq_len, **self.model}
-        kind = model.pop("kind", "walk")
-        return task, kind, full_model_config(kind, model), TrainConfig.from_dict(self.train)
+        kind = model.pop("kind", "deep")
+        # A figure records its quantities at the steps it asks for: its runs evaluate every step.
+        return task, kind, full_model_config(kind, model), TrainConfig.from_dict({"eval_every": 1, **self.train})
 
     def key(self) -> str:
         """Identity of the training run (not of what is recorded): equal keys train once.
@@ -226,9 +227,14 @@ class RunResult:
         steps = np.array(sorted(by_step))
         return steps, np.array([float(by_step[s]) for s in steps])
 
-    def first_step(self, where: Callable[[dict[str, Any]], bool], never: float = math.inf) -> float:
-        """The first step whose history record satisfies ``where`` (``never`` if none does)."""
-        return float(next((h["step"] for h in self.history if where(h)), never))
+    def first_step(self, key: str, where: Callable[[Any], bool], never: float = math.inf) -> float:
+        """The first step whose value of ``key`` satisfies ``where`` (``never`` if none does): a key of the
+        history (every step), else a recorded quantity (the steps it was recorded at)."""
+        if self.history and key in self.history[0]:
+            return float(next((h["step"] for h in self.history if where(h[key])), never))
+        require(key in self.snapshots, f"run {self.spec.name}: nothing recorded under {key!r}")
+        by_step = self.snapshots[key]
+        return float(next((s for s in sorted(by_step) if where(by_step[s])), never))
 
     def at(self, key: str, step: int) -> tuple[int, Any]:
         """(actual step, value): the recorded snapshot at the largest step <= ``step``."""
@@ -308,7 +314,8 @@ class Panel:
         their N in reduced mode.)
       * ``heatmap``: ``data`` gives a 2-D array (or (step, array) from :class:`Snapshot`).
       * ``bar``: ``data`` gives a 1-D array, or a dict label -> value.
-      * ``text``: ``data`` gives a string.
+      * ``text``: ``data`` gives a string (``$...$`` is rendered as mathtext).
+      * ``table``: ``data`` gives a :class:`Table`.
       * ``custom``: ``draw(ax, results)`` does the drawing.
 
     ``options`` holds drawing details, for lines: ``style`` (a matplotlib format such as ``"o-"``),
@@ -342,7 +349,16 @@ class Panel:
         require(self.kind in PANEL_KINDS, f"panel kind must be one of {', '.join(PANEL_KINDS)}, got {self.kind!r}")
 
 
-PANEL_KINDS = ("line", "heatmap", "bar", "text", "custom")
+PANEL_KINDS = ("line", "heatmap", "bar", "text", "table", "custom")
+
+
+@dataclass
+class Table:
+    """What a ``table`` panel shows: column headings, rows of cells, and a note under it."""
+
+    columns: list[str]
+    rows: list[list[Any]]
+    note: str = ""
 
 
 # -------------------------------------------------------------------------------------- claims
@@ -478,7 +494,9 @@ class FigureSpec:
     """A figure of the paper (``id`` "4", "fig4"), or an extra study (``id`` "fragility").
 
     ``caption``: the sentence saying what to see. ``layout``: (rows, cols) of the panel grid
-    (default: one row). ``reduced``: overrides for reduced mode applied to every run.
+    (default: one row). ``reduced``: overrides for reduced mode applied to every run. ``shortfall``: one
+    sentence on why the claims that do not hold do not (the opening table of ``REPRODUCTION.md``; each
+    claim's note and ``docs/discussion.md`` say more).
     """
 
     id: str
@@ -490,6 +508,7 @@ class FigureSpec:
     layout: Optional[tuple[int, int]] = None
     reduced: dict[str, dict[str, Any]] = field(default_factory=dict)
     panel_size: tuple[float, float] = (4.0, 3.2)
+    shortfall: str = ""
 
     def __post_init__(self) -> None:
         names = [r.name for r in self.runs]

@@ -8,10 +8,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from rwinterp.cli import command, print_json
-from rwinterp.errors import require
+from rwinterp.cli import Command, print_json
+from rwinterp.errors import RwinterpError, require
+from rwinterp.jsonable import jsonable
 
 #: The most random-initialised models a --baseline may hold (each is built and probed in full).
 MAX_SEEDS = 1000
@@ -30,15 +31,18 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
-@command("probe", "probe a trained run: attention, activation patching, V against Pi, with a report")
-def _probe_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+def _configure_probe(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", metavar="RUN_DIR", help="a run directory written by `rwinterp train --out`")
     parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="write the report here")
     parser.add_argument("--baseline", choices=["random"], default=None,
                         help="compare with random-initialised models of the same architecture")
-    parser.add_argument("--seeds", type=int, default=None, help="with --baseline: random models in it (default 5)")
+    parser.add_argument("--baseline-models", type=int, default=None,
+                        help="with --baseline: how many random models it holds (default 5)")
+    parser.add_argument("--seeds", default=None, help=argparse.SUPPRESS)  # the old name: refused, naming the new
+    parser.add_argument("--over-training", action="store_true",
+                        help="also score every checkpoint of the run (train --checkpoint-every): the test loss and "
+                             "each head's scores against the step")
     _probe_arguments(parser)
-    return _probe
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -82,57 +86,92 @@ def _check_out(path: str, runs: Sequence[str]) -> None:
 
 
 def _probe(args: argparse.Namespace) -> int:
-    require(args.seeds is None or args.baseline is not None, "--seeds needs --baseline random")
-    seeds = 5 if args.seeds is None else args.seeds
-    require(1 <= seeds <= MAX_SEEDS, f"--seeds must be in [1, {MAX_SEEDS}], got {seeds}")
+    require(args.seeds is None, "--seeds lists the seeds of runs; the number of random models of a baseline is "
+                                "--baseline-models")
+    require(args.baseline_models is None or args.baseline is not None, "--baseline-models needs --baseline random")
+    seeds = 5 if args.baseline_models is None else args.baseline_models
+    require(1 <= seeds <= MAX_SEEDS, f"--baseline-models must be in [1, {MAX_SEEDS}], got {seeds}")
     _check_out(args.out, [args.run])
     config = _config(args)
     from probes.report import summary_json, write_probe_report
-    from probes.scorecard import compare_to_random, scorecard
+    from probes.scoring import compare_to_random, scorecard
 
+    from rwinterp.runs import checkpoint_dirs
+
+    checkpoints = checkpoint_dirs(args.run) if args.over_training else []
+    require(not args.over_training or checkpoints,
+            f"--over-training needs a run with checkpoints ({args.run} has none: train it with --checkpoint-every)")
     run, data = _load(args.run, args)
     card = scorecard(run.model, run.task, data, config)
     comparison = None
     if args.baseline == "random":
         comparison = compare_to_random(run.model, run.task, data, seeds, config, trained=card)
-    out = write_probe_report(args.out, card, str(args.run), comparison)
+    curve = _over_training(run, checkpoints, data, config) if checkpoints else None
+    out = write_probe_report(args.out, card, str(args.run), comparison, curve)
     if args.json:
-        print_json({**summary_json(card, comparison), "report": str(out)})
+        from probes.report import over_training_json
+
+        extra = {"over_training": over_training_json(curve)} if curve is not None else {}
+        print_json({**summary_json(card, comparison), **extra, "report": str(out)})
         return 0
     flat = card.flat()
     print(f"run         {args.run}  ({run.task.describe()}, {len(data)} {run.task.sample_name}s)")
-    for line in card.findings():
+    for line in (comparison.findings() if comparison else card.findings()):
         print(f"  - {line}")
     keys = ("accuracy", "bayes_accuracy", "parent_attention", "parent_argmax_rate", "patching.parent_effect",
-            "patching.localization", "patching.necessity", "patching.sufficiency", "transition.distance",
-            "transition.cosine")
+            "attribution_patching.parent_share", "patching.localization", "patching.necessity",
+            "patching.sufficiency", "transition.distance", "transition.cosine")
     means = comparison.baseline_means() if comparison else {}
+    layer, head = card.attention.head
+    where = (f"the query slot (position {run.task.seq_len})" if card.kind == "query"
+             else f"each of the {card.attention.per_head.shape[-1]} predicting positions")
+    print(f"(parent_attention and parent_argmax_rate: head L{layer}H{head}, the one that attends to the parents "
+          f"most, from {where})")
     for key in keys:
         base = f"   random {_number(means[key])}" if key in means else ""
         print(f"{key:28s} {_number(flat.get(key))}{base}")
+    if curve is not None:
+        print(f"over training: {len(curve.steps)} checkpoints, steps {curve.steps[0]} to {curve.steps[-1]}; test loss "
+              f"{float(curve.test_loss[0]):.4f} -> {float(curve.test_loss[-1]):.4f} (" +
+              ", ".join(f"{k} {v:.4f}" for k, v in curve.references.items()) + ")")
+        for name in ("previous_token", "induction"):
+            L, H = curve.scores[name].shape[1:]
+            rises = [f"L{layer}H{head} {curve.rise_step(name, layer, head)}" for layer in range(L) for head in range(H)]
+            print(f"  {name} score rises (halfway from its first value to its last) at step: " + ", ".join(rises))
     print(f"report      {out / 'report.md'}")
     sys.stdout.flush()
     return 0
+
+
+def _over_training(run: Any, checkpoints: list, data: Any, config: Any) -> Any:
+    """The head scores and test loss at every checkpoint of ``run`` and at its end."""
+    from probes.heads import heads_over_training
+    from rwinterp.runs import load_run
+
+    final = run.history[-1]["step"] if run.history else None
+    models = ((step, load_run(path).model) for step, path in checkpoints)
+    tail = [] if final is None or final in {step for step, _ in checkpoints} else [(final, run.model)]
+    return heads_over_training([*models, *tail], run.task, data, config)
 
 
 def _number(value: float | None) -> str:
     return f"{value:8.4f}" if value is not None and value == value else f"{'n/a':>8s}"
 
 
-@command("compare", "compare the probe scores of two runs side by side")
-def _compare_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+def _configure_compare(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_a", metavar="RUN_A", help="first run directory")
     parser.add_argument("run_b", metavar="RUN_B", help="second run directory")
     parser.add_argument("--out", required=True, metavar="DIR", help="write the comparison report here")
     _probe_arguments(parser)
-    return _compare
 
 
 def _compare(args: argparse.Namespace) -> int:
+    require(Path(args.run_a).resolve() != Path(args.run_b).resolve(),
+            f"RUN_A and RUN_B are the same run ({args.run_a}): every difference would be zero")
     _check_out(args.out, [args.run_a, args.run_b])
     config = _config(args)
     from probes.report import write_compare_report
-    from probes.scorecard import compare, scorecard
+    from probes.scoring import compare, scorecard
 
     cards, sources = [], []
     for path in (args.run_a, args.run_b):
@@ -155,3 +194,127 @@ def _compare(args: argparse.Namespace) -> int:
             print(f"{key:40s} {_number(a)} {_number(b)} {_number(d)}")
     print(f"report      {out / 'report.md'}")
     return 0
+
+
+PROBE = Command("probe", "probe a trained run: attention, activation patching, V against Pi, with a report",
+                _configure_probe, _probe)
+COMPARE = Command("compare", "compare the probe scores of two runs side by side", _configure_compare, _compare)
+
+
+#: What a circuit directory holds (its marker first).
+CIRCUIT_FILES = ("circuit.json", "circuit.md", "*.png")
+#: EAP-IG's integration steps when --ig-steps is not given.
+IG_STEPS = 4
+
+
+def _configure_circuit(parser: argparse.ArgumentParser) -> None:
+    from probes.config import EDGE_METHODS, VERIFY
+
+    parser.add_argument("run", metavar="RUN_DIR", help="a run directory written by `rwinterp train --out`")
+    parser.add_argument("--out", required=True, metavar="DIR", help="write circuit.json, circuit.md and figures here")
+    parser.add_argument("--method", choices=EDGE_METHODS, default="default",
+                        help="edge scores: exact (one ablated pass per edge), eap, eap-ig, atp* (EAP with the "
+                             "query-key fix), default (atp*; edges into the last layer and the logits in closed form, "
+                             "then the top --verify other edges patched exactly)")
+    parser.add_argument("--ig-steps", type=int, default=None, metavar="M",
+                        help=f"integration steps of eap-ig (default {IG_STEPS})")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--top", type=int, default=None, metavar="N", help="keep the N highest-scoring edges")
+    size.add_argument("--threshold", type=float, default=None, metavar="X", help="keep the edges with |score| >= X")
+    parser.add_argument("--graph", choices=["all", "heads"], default="all",
+                        help="score all edges, or only those from a head into a later head's q, k or v (default all)")
+    parser.add_argument("--ablation", choices=["mean", "resample"], default="mean",
+                        help="what an ablated edge's writer is replaced by (default mean)")
+    parser.add_argument("--verify", type=int, default=VERIFY, metavar="N",
+                        help=f"edges the default method patches exactly (default {VERIFY})")
+    parser.add_argument("--roles", default=None, metavar="JSON",
+                        help='a JSON file naming heads by role, e.g. {"L0H1": "previous-token"}')
+    parser.add_argument("--walks", type=int, default=None, help="use the first N of the run's test walks")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the resampled walks (default 0)")
+    parser.add_argument("--json", action="store_true", help="print the circuit as one JSON object on stdout")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def _roles(path: str | None) -> dict[str, str] | None:
+    import json
+
+    if path is None:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise RwinterpError(f"cannot read the roles file {path}: {exc}") from None
+    require(isinstance(data, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()),
+            f"the roles file {path} must hold a JSON object of head names to role names")
+    return data
+
+
+def _circuit(args: argparse.Namespace) -> int:
+    require(args.ig_steps is None or args.method == "eap-ig", "--ig-steps applies to --method eap-ig only")
+    steps = IG_STEPS if args.ig_steps is None else args.ig_steps
+    require(steps >= 1, f"--ig-steps must be >= 1, got {steps}")
+    require(args.verify >= 0, f"--verify must be >= 0, got {args.verify}")
+    require(args.walks is None or args.walks >= 2, f"--walks must be >= 2, got {args.walks}")
+    from rwinterp.atomic import atomic_directory, check_target
+
+    check_target(args.out, "circuit", CIRCUIT_FILES)
+    require(not Path(args.out).resolve().is_relative_to(Path(args.run).resolve()),
+            f"--out {args.out} lies inside the run directory {args.run}; write the circuit elsewhere")
+    roles = _roles(args.roles)
+    from probes.circuits import circuit
+    from probes.config import ProbeConfig
+    from probes.targets import restrict, run_test_walks
+    from rwinterp.runs import load_run
+
+    run = load_run(args.run)
+    data = run_test_walks(run)
+    require(args.walks is None or args.walks <= len(data),
+            f"--walks {args.walks}, but {args.run} has {len(data)} test {run.task.sample_name}s")
+    data = restrict(data, args.walks)
+    config = ProbeConfig(seed=args.seed, progress=False if (args.no_progress or args.json) else None)
+    result = circuit(run.model, run.task, data, args.method, args.top, args.threshold, args.ablation, "loss", steps,
+                     args.verify, roles=roles, config=config, graph=args.graph)
+    payload = {"run": str(args.run), **result.to_json()}
+
+    def build(tmp: Path) -> None:
+        import json
+
+        from probes.plots import plot_circuit, plot_faithfulness
+
+        (tmp / "circuit.json").write_text(json.dumps(jsonable(payload), indent=1))
+        captions = [("circuit.png", plot_circuit(result, tmp / "circuit.png")),
+                    ("faithfulness.png", plot_faithfulness(result, tmp / "faithfulness.png"))]
+        (tmp / "circuit.md").write_text(_circuit_markdown(payload, captions))
+
+    out = atomic_directory(args.out, build, "circuit", CIRCUIT_FILES)
+    if args.json:
+        print_json({**payload, "out": str(out)})
+        return 0
+    print(f"run         {args.run}  ({run.task.describe()}, {len(data)} {run.task.sample_name}s)")
+    print(f"method      {result.scores.method}, {len(result.scores.edges)} edges, "
+          f"{int(result.scores.verified.sum())} exact, {result.cost.passes} passes, {result.cost.seconds:.1f} s")
+    print(f"circuit     {result.kept} edges ({result.selection}), faithfulness {_number(result.faithfulness).strip()}")
+    for edge in result.circuit[:10]:
+        src = edge["source"] + (f" {edge['source_role']}" if edge.get("source_role") else "")
+        dst = edge["target"] + (f" ({edge['target_role']})" if edge.get("target_role") else "")
+        print(f"  {src:28s} -> {dst:28s} {edge['score']:+.4f}{'' if edge['verified'] else '  (estimate)'}")
+    print(f"written     {out}")
+    return 0
+
+
+def _circuit_markdown(payload: dict, captions: list[tuple[str, str]]) -> str:
+    lines = [f"# Circuit of {payload['run']}", "",
+             f"Method {payload['method']} ({payload['verified']} of {payload['n_edges']} edges patched exactly), "
+             f"{payload['source']} ablation, metric {payload['metric']}. Kept: {payload['circuit_size']} edges "
+             f"({payload['selection']}), faithfulness {payload['circuit_faithfulness']:.3f}.", "",
+             "| source | target | score | exact |", "|---|---|---|---|"]
+    for e in payload["circuit"]:
+        lines.append(f"| {e['source']} | {e['target']} | {e['score']:.5f} | {'yes' if e['verified'] else 'no'} |")
+    lines.append("")
+    for name, caption in captions:
+        lines += [f"![{name}]({name})", "", caption, ""]
+    return "\n".join(lines)
+
+
+CIRCUIT = Command("circuit", "score every edge between a run's components and keep a circuit, with its faithfulness",
+                  _configure_circuit, _circuit)

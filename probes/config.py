@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import ClassVar, Optional
 
-from rwinterp.errors import from_dict_checked, require, require_seed
+from rwinterp.config import Config
+from rwinterp.errors import require, require_seed
 
 #: Activations the patching probe sweeps: the residual stream at the start of each layer (layer 0
 #: is the embeddings) and the value vectors, position by position; each head's output z and
@@ -14,13 +15,24 @@ from rwinterp.errors import from_dict_checked, require, require_seed
 HOOKS = ("resid_pre", "v", "z", "pattern")
 
 
+#: Edge-scoring methods of :func:`probes.circuits.edge_attribution` (and ``rwinterp circuit --method``).
+EDGE_METHODS = ("exact", "eap", "eap-ig", "atp*", "default")
+#: Which edges a graph holds: ``all``, or ``heads``, only the edges from a head's output into a later
+#: head's query, key or value (the composition between heads; every other edge is always kept).
+GRAPHS = ("all", "heads")
+#: Circuit sizes at which the faithfulness curve is measured by default (at most).
+CURVE_POINTS = 16
+#: Edges the default method patches exactly (beyond those it computes in closed form): as many as the
+#: faithfulness curve takes ablated passes, so that verifying costs no more than measuring the curve.
+VERIFY = CURVE_POINTS
+
 #: Resamples beyond this change an interval's ends far less than the walks' own sampling noise (each
 #: resample is a [walks] row of weights: 10^5 of them on 1000 walks take 0.8 GB).
 MAX_BOOTSTRAP = 100_000
 
 
-@dataclass
-class ProbeConfig:
+@dataclass(frozen=True)
+class ProbeConfig(Config):
     """How to probe.
 
     * ``seed``: seeds the corrupted walks of the patching probe and the bootstrap.
@@ -34,6 +46,9 @@ class ProbeConfig:
     * ``bootstrap``: resamples of the test walks for the confidence intervals (0: none);
       ``confidence``: their level.
     * ``progress``: show progress bars (``None``: only on a terminal).
+
+    Frozen, so that the default ``ProbeConfig()`` every probe takes is shared safely; change a field with
+    ``dataclasses.replace``.
     """
 
     seed: int = 0
@@ -45,8 +60,10 @@ class ProbeConfig:
     confidence: float = 0.95
     progress: Optional[bool] = None
 
+    what: ClassVar[str] = "probe config"
+
     def __post_init__(self) -> None:
-        self.hooks = tuple(self.hooks)
+        object.__setattr__(self, "hooks", tuple(self.hooks))
         for hook in self.hooks:
             require(hook in HOOKS, f"unknown patching hook {hook!r}; known: {', '.join(HOOKS)}")
         require(self.max_rows >= 1, f"max_rows must be >= 1, got {self.max_rows}")
@@ -58,12 +75,3 @@ class ProbeConfig:
                 f"bootstrap must be 0 (no intervals) or between {least} and {MAX_BOOTSTRAP} resamples for a "
                 f"{self.confidence:.0%} interval, got {self.bootstrap}")
         require_seed(self.seed)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["hooks"] = list(self.hooks)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ProbeConfig":
-        return from_dict_checked(cls, data, "probe config")

@@ -56,6 +56,8 @@ Scores
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Callable
@@ -84,6 +86,7 @@ from probes.targets import (
     run_logits,
     targets_for,
 )
+from rwinterp.errors import require
 from rwinterp.tasks import Batch, Task
 
 #: TransformerLens hook of each sweep's activation.
@@ -143,9 +146,11 @@ def run_cells(
     bad: Int[Tensor, "batch pred"],
     max_rows: int,
     bar: Any = None,
-) -> Float[Tensor, "cell batch pred"]:
+    metric: Callable[[Tensor, Targets], Tensor] | None = None,
+) -> Float[Tensor, "cell batch ..."]:
     """Logit differences (``base.labels`` against ``bad``) of every patched run, stacked
-    ``max_rows // batch`` runs per forward pass."""
+    ``max_rows // batch`` runs per forward pass; with ``metric``, ``metric(logits, base)`` of each
+    run instead (``logits`` ``[run, batch, lpos, vocab]``, see :func:`walk_metric`)."""
     B = base.n_walks
     per = max(1, max_rows // max(B, 1))
     out = []
@@ -162,7 +167,8 @@ def run_cells(
         fwd = [(name, partial(_patch_hook, cells=lst)) for name, lst in hooks.items()]
         with torch.no_grad():
             logits = model.run_with_hooks(inputs, fwd_hooks=fwd)
-        out.append(logit_diff(logits.reshape(len(chunk), B, *logits.shape[1:]), base, base.labels, bad))
+        logits = logits.reshape(len(chunk), B, *logits.shape[1:])
+        out.append(logit_diff(logits, base, base.labels, bad) if metric is None else metric(logits, base))
         if bar is not None:
             bar.update(len(chunk))
     return torch.cat(out)
@@ -200,6 +206,9 @@ class PatchingResult:
     ``positions[name]``: ``[pos, batch, pred]``, one row per patched position (``resid_pre.L``,
     ``v.L``). ``heads[name]``: ``[layer, head, batch, pred]`` (``z``, ``pattern``).
     ``only_parents_corrupted`` / ``only_parents_clean``: the necessity and sufficiency runs.
+    ``method``: ``exact`` (every patched run computed), or ``atp``/``atp*`` (every patched run's logit
+    difference estimated by attribution patching from the corrupted run, the only-parents runs as sums of
+    the embeddings sweep's estimates); ``cost``: the passes and seconds spent.
     ``contrast``: the input positions at which some clean walk differs from its corrupted partner.
     Patching a position without contrast changes nothing, so if only parents have contrast (the QA
     tasks: only the fruit slots vary) localization is 1 for any model, trained or not.
@@ -216,6 +225,8 @@ class PatchingResult:
     contrast: Bool[Tensor, " pos"]
     positions: dict[str, Float[Tensor, "pos batch pred"]] = field(default_factory=dict)
     heads: dict[str, Float[Tensor, "layer head batch pred"]] = field(default_factory=dict)
+    method: str = "exact"
+    cost: Cost | None = None
 
     @property
     def n_walks(self) -> int:
@@ -271,13 +282,33 @@ class PatchingResult:
         return ratio(prof, den, self.scale)
 
 
-def patching_probe(model: Any, task: Task, data: Batch, config: ProbeConfig = ProbeConfig()) -> PatchingResult:
+def patching_probe(model: Any, task: Task, data: Batch, config: ProbeConfig = ProbeConfig(),
+                   method: str = "exact") -> PatchingResult:
     """Patch clean activations into runs on independent corrupted walks (see the module docstring).
 
+    ``method``: ``exact``, or ``atp``/``atp*`` for attribution patching's estimate of every patched run
+    (:func:`attribution_patching_probe`), returned in the same result.
     A pure function of (model, task, data, config): the model's weights and mode are untouched.
     """
+    _require_choice(method, METHODS, "patching method")
+    start = time.perf_counter()
     with evaluating(model):
-        return _patching(model, task, data, config)
+        result = _patching(model, task, data, config) if method == "exact" else _atp_patching(
+            model, task, data, config, method)
+    if result.cost is None:  # exact: one pass per patched run, plus the clean and corrupted runs
+        runs = sum(v.shape[0] for v in result.positions.values()) + sum(
+            v.shape[0] * v.shape[1] for v in result.heads.values())
+        result.cost = Cost(forward=runs + 2 + 2 * len(_parent_groups(targets_for(model, task, data[:2], config.kind))))
+    result.cost.seconds = time.perf_counter() - start
+    return result
+
+
+def attribution_patching_probe(model: Any, task: Task, data: Batch, config: ProbeConfig = ProbeConfig(),
+                               method: str = "atp") -> PatchingResult:
+    """:func:`patching_probe` by attribution patching: the same sweeps and scores, each patched run's
+    logit difference estimated as ``LD_corrupted + (a_clean - a_corrupted) . dLD/da`` at the corrupted run
+    (one backward pass per prediction), with AtP*'s query-key fix on the position sweeps for ``atp*``."""
+    return patching_probe(model, task, data, config, method)
 
 
 def _patching(model: Any, task: Task, data: Batch, config: ProbeConfig) -> PatchingResult:
@@ -386,3 +417,722 @@ def _parent_groups(targets: Targets) -> list[tuple[Bool[Tensor, " pos"], Tensor]
         mask[list(row)] = True
         out.append((mask, torch.tensor(preds)))
     return out
+
+
+# ===================================================================================== sweeps
+#
+# The probe above patches clean activations into corrupted runs and reads logit differences. The
+# sweeps below ask the same question with the other sources and metrics a circuit study uses, at
+# every granularity, exactly (one patched run per cell, stacked) or by attribution patching (one
+# forward and one backward pass for every cell at once), and return the same typed result either way.
+
+#: What a sweep measures per walk: ``loss``, the mean next-state cross-entropy over the walk's
+#: predictions (nats), or ``logit_diff``, the summed logit difference of the clean label against an
+#: independent walk's label (as :func:`patching_probe`).
+METRICS = ("loss", "logit_diff")
+#: Where a patched activation comes from. ``mean``: its mean over the walks at that position (mean
+#: ablation); ``resample``: its value on an independent walk (resample ablation); both are patched into
+#: the clean run. ``clean``: the clean walk's value, patched into the run on an independent corrupted walk
+#: (denoising, the direction of :func:`patching_probe`).
+SOURCES = ("mean", "resample", "clean")
+#: ``exact``: one patched forward pass per cell. ``atp``: attribution patching, ``(a_source - a) . dm/da``
+#: at the run the patches go into (Nanda 2023). ``atp*``: AtP with the query-key fix of Kramar et al.
+#: (2024): a change that reaches a head's queries or keys directly through the residual stream is
+#: carried through that head's softmax exactly, and only linearised after the attention pattern. ``ig``:
+#: integrated gradients over the inputs (the node form of EAP-IG, Hanna et al. 2024): the same deltas, the
+#: gradient averaged over ``steps`` runs whose embeddings move from the source's towards the base run's
+#: (``x_k = x_s + k/m (x - x_s)``, ``k = 0 .. m-1``).
+METHODS = ("exact", "atp", "atp*", "ig")
+GRANULARITIES = ("layer", "head", "position", "head_position")
+#: Hook families a sweep patches: hook name, head axis and position axis (counting the batch axis).
+#: The position axis of ``pattern`` is its query axis; a query-slot model's heads have one query row.
+FAMILIES = {
+    "resid_pre": ("blocks.{layer}.hook_resid_pre", None, 1),
+    "attn_out": ("blocks.{layer}.hook_attn_out", None, 1),
+    "mlp_out": ("blocks.{layer}.hook_mlp_out", None, 1),
+    "q": ("blocks.{layer}.attn.hook_q", 2, 1),
+    "k": ("blocks.{layer}.attn.hook_k", 2, 1),
+    "v": ("blocks.{layer}.attn.hook_v", 2, 1),
+    "z": ("blocks.{layer}.attn.hook_z", 2, 1),
+    "pattern": ("blocks.{layer}.attn.hook_pattern", 1, 2),
+}
+#: Families whose change reaches later heads' queries and keys through the residual stream (AtP*).
+WRITES_STREAM = ("resid_pre", "attn_out", "mlp_out", "z")
+#: Largest activation, in elements, that one stacked forward pass or attribution chunk may build.
+ELEMENT_BUDGET = 1 << 24
+
+
+@dataclass
+class Cost:
+    """What a method spent: forward and backward passes over the walks (a batch of patched runs
+    stacked ``k`` deep counts ``k``), and wall-clock seconds."""
+
+    forward: int = 0
+    backward: int = 0
+    seconds: float = 0.0
+
+    @property
+    def passes(self) -> int:
+        return self.forward + self.backward
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.forward + other.forward, self.backward + other.backward, self.seconds + other.seconds)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"forward": self.forward, "backward": self.backward, "passes": self.passes, "seconds": self.seconds}
+
+
+def prediction_losses(logits: Float[Tensor, "... batch lpos vocab"],
+                      targets: Targets) -> Float[Tensor, "... batch pred"]:
+    """Cross-entropy (nats) of every prediction's state logits against its label (float64)."""
+    sel = targets.select(logits).to(torch.float64)
+    labels = targets.labels.expand(sel.shape[:-1])[..., None]
+    return torch.logsumexp(sel, -1) - sel.gather(-1, labels)[..., 0]
+
+
+def walk_metric(logits: Tensor, targets: Targets, metric: str, bad: Tensor | None = None) -> Float[Tensor, "... batch"]:
+    """The sweep metric of every walk (see :data:`METRICS`)."""
+    if metric == "loss":
+        return prediction_losses(logits, targets).mean(-1)
+    return logit_diff(logits, targets, targets.labels, bad).sum(-1)
+
+
+def element_rows(model: Any, n_pos: int, budget: int = ELEMENT_BUDGET) -> int:
+    """How many walks one pass may hold so that its largest activation (the attention pattern, or the
+    residual stream) stays under ``budget`` elements."""
+    cfg = model.cfg
+    per_walk = max(int(cfg.n_heads) * n_pos * n_pos, n_pos * int(cfg.d_model), 1)
+    return max(1, budget // per_walk)
+
+
+@dataclass
+class Sweep:
+    """The metric of every walk with each cell patched (exact), or its first-order estimate (AtP).
+
+    ``values`` is ``[layer, (head,) (pos,) batch]`` by ``granularity``; ``base`` the metric of the unpatched
+    run the patches go into (the clean run for ``mean``/``resample``, the corrupted run for ``clean``).
+    ``positions``: the input positions of the position axis. ``graddrop``: with GradDrop, its ranking
+    score of every cell (unsigned, batch level). The *effect* of a cell is the mean over walks of
+    ``values - base``: for a mean ablation with the loss metric, the loss increase in nats.
+    """
+
+    family: str
+    granularity: str
+    source: str
+    metric: str
+    method: str
+    layout: Layout
+    positions: Int[Tensor, " cellpos"]
+    weights: Float[Tensor, " batch"] | None
+    base: Float[Tensor, " batch"]
+    values: Float[Tensor, "... batch"]
+    cost: Cost
+    graddrop: Tensor | None = None
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return {"layer": ("layer",), "head": ("layer", "head"), "position": ("layer", "pos"),
+                "head_position": ("layer", "head", "pos")}[self.granularity]
+
+    @property
+    def n_walks(self) -> int:
+        return int(self.base.shape[0])
+
+    def summary(self, w: Float[Tensor, "draws batch"]) -> Float[Tensor, "draws ..."]:
+        """The effect of every cell, one row per weight row (see :mod:`probes.stats`)."""
+        diff = (self.values - self.base).movedim(-1, 0)
+        return wmean(w, diff)
+
+    def effects(self) -> Tensor:
+        """Point estimate of every cell's effect, shaped like ``values`` without the batch axis."""
+        return self.summary(point_weights(self.weights, self.n_walks))[0]
+
+    def intervals(self, draws: int = 200, seed: int = 0, confidence: float = 0.95) -> tuple[Tensor, Tensor]:
+        """Bootstrap intervals (over walks) of every cell's effect."""
+        from probes.stats import bootstrap_interval, bootstrap_weights
+
+        w = bootstrap_weights(self.weights, self.n_walks, draws, seed)
+        samples = self.summary(w).flatten(1)
+        point = self.effects().flatten()
+        bounds = [bootstrap_interval(samples[:, i], float(point[i]), confidence) for i in range(point.numel())]
+        lo = torch.tensor([b[0] for b in bounds], dtype=torch.float64).reshape(self.effects().shape)
+        hi = torch.tensor([b[1] for b in bounds], dtype=torch.float64).reshape(self.effects().shape)
+        return lo, hi
+
+    def labels(self) -> list[str]:
+        """A name per cell, in the order of ``effects().flatten()``: ``L0``, ``L0H1``, ``L0@12``, ``L0H1@12``."""
+        shape = self.effects().shape
+        out = []
+        for index in np.ndindex(*shape):
+            parts = dict(zip(self.axes, index))
+            name = f"L{parts['layer']}" + (f"H{parts['head']}" if "head" in parts else "")
+            if "pos" in parts:
+                name += f"@{int(self.positions[parts['pos']])}"
+            out.append(name)
+        return out
+
+    def ranking(self) -> Tensor:
+        """The score cells are ranked by (flattened): GradDrop's where computed, else ``|effect|``."""
+        if self.graddrop is not None:
+            return self.graddrop.flatten()
+        return self.effects().flatten().abs()
+
+
+def _require_choice(value: str, allowed: tuple[str, ...], what: str) -> None:
+    require(value in allowed, f"unknown {what} {value!r}; known: {', '.join(allowed)}")
+
+
+def sweep(
+    model: Any,
+    task: Task,
+    data: Batch,
+    family: str = "z",
+    granularity: str = "head",
+    source: str = "mean",
+    metric: str = "loss",
+    method: str = "exact",
+    config: ProbeConfig | None = None,
+    graddrop: bool = False,
+    steps: int = 1,
+) -> Sweep:
+    """Patch every cell of a hook family from ``source`` and measure ``metric`` (see the constants above).
+
+    ``granularity``: ``layer`` (the whole activation of a layer), ``head`` (one head at every position),
+    ``position`` (every head at one position) or ``head_position``. ``method`` ``exact`` runs one patched
+    pass per cell; ``atp``/``atp*`` estimate them all from one forward and one backward pass (a cell that
+    joins positions gets the sum of its head x position estimates, AtP*'s query-key fix included: the fix
+    is exact for one position's change at a time); ``ig`` from ``steps`` of each.
+    ``graddrop`` (AtP methods, models of two or more layers) adds Kramar et al.'s GradDrop ranking
+    score: ``1/(L-1) sum_l |AtP with the gradient through layer l's output dropped|``. ``steps``: the m
+    of ``ig``. A pure function of its inputs: the model's weights, mode and hooks are left as they were.
+    """
+    config = config or ProbeConfig()
+    _require_choice(family, tuple(FAMILIES), "hook family")
+    _require_choice(granularity, GRANULARITIES, "granularity")
+    _require_choice(source, SOURCES, "source")
+    _require_choice(metric, METRICS, "metric")
+    _require_choice(method, METHODS, "method")
+    require(not graddrop or method in ("atp", "atp*"), "GradDrop is an option of the methods atp and atp*")
+    require(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1,
+            f"integrated gradients need m >= 1 steps, got {steps!r}")
+    require(FAMILIES[family][1] is not None or granularity in ("layer", "position"),
+            f"the {family} activation has no head axis; use the granularity layer or position")
+    with evaluating(model):
+        start = time.perf_counter()
+        result = _sweep(model, task, data, family, granularity, source, metric, method, config, graddrop, steps)
+        result.cost.seconds = time.perf_counter() - start
+        return result
+
+
+@dataclass
+class _Setup:
+    """The runs of a sweep: ``base`` (what is patched into), the ``donor`` inputs (resample/clean), the
+    labels a logit difference is taken against, and the hooks' names."""
+
+    base: Targets
+    donor: Tensor | None
+    bad: Tensor
+    names: list[str]
+    kind: str
+
+    def metric(self, logits: Tensor, targets: Targets, start: int = 0) -> Tensor:
+        """The metric of walks ``start ..`` (``targets`` holds their labels), ``[..., batch]``."""
+        bad = self.bad[start : start + targets.labels.shape[0]]
+        return walk_metric(logits, targets, self.kind, bad)
+
+
+def _setup(model: Any, task: Task, data: Batch, family: str, source: str, metric: str, config: ProbeConfig) -> _Setup:
+    clean = targets_for(model, task, data, config.kind)
+    n_layers, _ = model_dims(model)
+    names = [FAMILIES[family][0].format(layer=layer) for layer in range(n_layers)]
+    require_hooks(model, names, "sweep")
+    other = clean.with_batch(task, corrupted_walks(task, len(data), config.seed))
+    base = replace(clean, inputs=other.inputs) if source == "clean" else clean
+    donor = {"clean": clean.inputs, "resample": other.inputs}.get(source)
+    bad = other.labels
+    return _Setup(base, donor, bad, names, metric)
+
+
+def source_activations(model: Any, setup: _Setup, source: str, rows: int, weights: Tensor | None) -> dict[str, Tensor]:
+    """What each hook is patched with: ``[1, ...]`` means over the base walks, or ``[batch, ...]``
+    activations of the donor walks."""
+    inputs = setup.base.inputs if source == "mean" else setup.donor
+    parts: dict[str, list[Tensor]] = {name: [] for name in setup.names}
+    with torch.no_grad():
+        for start in range(0, inputs.shape[0], rows):
+            _, cache = model.run_with_cache(inputs[start : start + rows], names_filter=setup.names)
+            for name in setup.names:
+                act = cache[name]
+                if source == "mean":
+                    w = (torch.ones(act.shape[0], dtype=torch.float64) if weights is None
+                         else weights[start : start + rows])
+                    act = torch.einsum("b,b...->...", w.to(torch.float64), act.to(torch.float64))[None]
+                parts[name].append(act)
+    if source == "mean":
+        total = float(weights.sum()) if weights is not None else float(inputs.shape[0])
+        return {name: (sum(p) / total) for name, p in parts.items()}
+    return {name: torch.cat(p) for name, p in parts.items()}
+
+
+def _cell_index(ndim: int, head_axis: int | None, pos_axis: int, head: int | None, pos: int | None) -> tuple:
+    """Index of one cell into an activation without its batch axis."""
+    index: list[Any] = [slice(None)] * (ndim - 1)
+    if head is not None:
+        index[head_axis - 1] = head
+    if pos is not None:
+        index[pos_axis - 1] = pos
+    return tuple(index)
+
+
+def _put(index: tuple, source: Tensor) -> Callable[[Tensor], Any]:
+    def patch(act: Tensor) -> None:
+        full = (slice(None),) + index
+        act[full] = source[full].to(act.dtype)
+
+    return patch
+
+
+def _cells_of(granularity: str, n_layers: int, n_heads: int, n_pos: int) -> list[tuple[int, int | None, int | None]]:
+    """(layer, head, pos) of every cell in output order (None: all of that axis)."""
+    heads: list[int | None] = list(range(n_heads)) if "head" in granularity else [None]
+    positions: list[int | None] = list(range(n_pos)) if "position" in granularity else [None]
+    return [(l, h, p) for l in range(n_layers) for h in heads for p in positions]
+
+
+def _cell_shape(granularity: str, n_layers: int, n_heads: int, n_pos: int) -> tuple[int, ...]:
+    return (n_layers,) + ((n_heads,) if "head" in granularity else ()) + ((n_pos,) if "position" in granularity else ())
+
+
+def _sweep(model: Any, task: Task, data: Batch, family: str, granularity: str, source: str, metric: str,
+           method: str, config: ProbeConfig, graddrop: bool, steps: int = 1) -> Sweep:
+    setup = _setup(model, task, data, family, source, metric, config)
+    base = setup.base
+    n_layers, n_heads = model_dims(model)
+    _, head_axis, pos_axis = FAMILIES[family]
+    rows = min(config.max_rows, element_rows(model, base.n_pos))
+    cost = Cost()
+    with torch.no_grad():
+        _, probe = model.run_with_cache(base.inputs[:2], names_filter=setup.names)
+    shapes = {name: tuple(probe[name].shape[1:]) for name in setup.names}
+    n_cell_pos = shapes[setup.names[0]][pos_axis - 1]
+    positions = torch.arange(base.n_pos - n_cell_pos, base.n_pos)
+    replacement = source_activations(model, setup, source, rows, data.weights)
+    cost.forward += 1
+    base_metric = unpatched_metric(model, setup, rows)
+    cost.forward += 1
+    shape = _cell_shape(granularity, n_layers, n_heads, n_cell_pos)
+    gd = None
+    if method == "exact":
+        cells = [Cell(hook=setup.names[l], patch=_put(_cell_index(len(shapes[setup.names[l]]) + 1, head_axis, pos_axis,
+                                                                   h, p), replacement[setup.names[l]]))
+                 for l, h, p in _cells_of(granularity, n_layers, n_heads, n_cell_pos)]
+        bar = tqdm(total=len(cells), desc=f"{family} sweep", leave=False,
+                   disable=None if config.progress is None else not config.progress)
+        values = run_cells(model, base, base.inputs, cells, setup.bad, rows, bar, metric=setup.metric)
+        bar.close()
+        cost.forward += len(cells)
+        values = values.reshape(*shape, base.n_walks)
+    else:
+        interpolate = None
+        if method == "ig":
+            from probes.graph import EMBED, POS_EMBED
+
+            embeddings = _Setup(base, setup.donor, setup.bad, [EMBED, POS_EMBED], setup.kind)
+            interpolate = source_activations(model, embeddings, source if source != "clean" else "resample", rows,
+                                             data.weights)
+            cost.forward += 2  # (the source's embeddings, and the base run's activations)
+        estimates, passes = attribute(model, base, setup, family, replacement, method, rows, steps=steps,
+                                      embeddings=interpolate)
+        cost.forward += passes
+        cost.backward += passes
+        values = base_metric + _aggregate(estimates, granularity, head_axis is not None)
+        if graddrop:
+            require(n_layers >= 2, "GradDrop drops one layer's gradient at a time and needs at least 2 layers")
+            dropped = []
+            for layer in range(n_layers):
+                est, passes = attribute(model, base, setup, family, replacement, method, rows, drop=layer)
+                cost.forward += passes
+                cost.backward += passes
+                w = point_weights(data.weights, base.n_walks)
+                dropped.append(wmean(w, _aggregate(est, granularity, head_axis is not None).movedim(-1, 0))[0].abs())
+            gd = sum(dropped) / (n_layers - 1)
+    return Sweep(family, granularity, source, metric, method, base.layout(), positions, data.weights,
+                 base_metric, values, cost, gd)
+
+
+def base_rows(targets: Targets, start: int, rows: int) -> Targets:
+    """The predictions of walks ``start .. start + rows`` (labels only; the inputs go to the model)."""
+    return replace(targets, inputs=targets.inputs[start : start + rows], labels=targets.labels[start : start + rows],
+                   weights=None)
+
+
+def unpatched_metric(model: Any, setup: _Setup, rows: int) -> Float[Tensor, " batch"]:
+    """The metric of every walk of the run the patches go into, unpatched."""
+    base = setup.base
+    return torch.cat([setup.metric(run_logits(model, base.inputs[s : s + rows])[None], base_rows(base, s, rows), s)[0]
+                      for s in range(0, base.n_walks, rows)])
+
+
+def _aggregate(estimates: Tensor, granularity: str, has_heads: bool) -> Tensor:
+    """``[layer, (head,) pos, batch]`` estimates summed to the granularity's cells."""
+    if not has_heads:
+        return estimates.sum(1) if granularity == "layer" else estimates
+    if granularity == "layer":
+        return estimates.sum((1, 2))
+    if granularity == "head":
+        return estimates.sum(2)
+    if granularity == "position":
+        return estimates.sum(1)
+    return estimates
+
+
+class _Leaves:
+    """Forward hooks that add a zero tensor requiring grad to each named activation (so that the
+    gradient of the metric with respect to it can be read without cutting the graph upstream), keep
+    the activation, and optionally stop the gradient through some hooks (GradDrop)."""
+
+    def __init__(self, names: list[str], dropped: list[str] = ()):
+        self.names = list(dict.fromkeys(names))
+        self.dropped = list(dropped)
+        self.leaves: dict[str, Tensor] = {}
+        self.acts: dict[str, Tensor] = {}
+
+    def hooks(self) -> list[tuple[str, Callable]]:
+        # (keyed by the name asked for: a TransformerBridge hands its hooks an alias's name)
+        def leaf(act: Tensor, hook: Any, name: str) -> Tensor:
+            zero = torch.zeros_like(act, requires_grad=True)
+            self.leaves[name] = zero
+            self.acts[name] = act.detach()
+            return act + zero
+
+        def drop(act: Tensor, hook: Any) -> Tensor:
+            return act.detach()
+
+        return [(name, partial(leaf, name=name)) for name in self.names] + [(name, drop) for name in self.dropped]
+
+
+def attribute(model: Any, base: Targets, setup: _Setup, family: str, replacement: dict[str, Tensor], method: str,
+              rows: int, drop: int | None = None, steps: int = 1,
+              embeddings: dict[str, Tensor] | None = None) -> tuple[Tensor, int]:
+    """Attribution-patching estimates ``(a_source - a) . dm/da`` of every head x position cell (every
+    position of an activation without heads), ``[layer, (head,) pos, batch]``, at the run ``base``;
+    with ``method = "atp*"`` the query-key paths are carried through the softmax exactly. Returns the
+    estimates and the forward (= backward) passes spent. ``ig``: the gradient averaged over ``steps`` runs
+    whose embeddings move from ``embeddings`` (the source's) towards the base run's."""
+    from probes.graph import ATTN_OUT, MLP_OUT, PATTERN, RESID_PRE, inspect_model
+
+    n_layers, n_heads = model_dims(model)
+    _, head_axis, pos_axis = FAMILIES[family]
+    structure = inspect_model(model, base.inputs) if method == "atp*" else None
+    extra: list[str] = []
+    if structure is not None:
+        extra = [name.format(layer=l) for name in (PATTERN, RESID_PRE) for l in range(n_layers)]
+    dropped = []
+    if drop is not None:
+        have = hook_names(model)
+        dropped = [n.format(layer=drop) for n in (ATTN_OUT, MLP_OUT) if n.format(layer=drop) in have]
+    out = []
+    m = steps if method == "ig" else 1
+    for start in range(0, base.n_walks, rows):
+        chunk = base_rows(base, start, rows)
+        grads: dict[str, Tensor] = {}
+        for k in range(m):
+            leaves = _Leaves(setup.names + extra, dropped)
+            hooks = leaves.hooks()
+            if method == "ig":
+                hooks = _interpolation(embeddings, k / m, start) + hooks
+            with torch.enable_grad():
+                logits = model.run_with_hooks(base.inputs[start : start + rows], fwd_hooks=hooks)
+                total = setup.metric(logits[None], chunk, start)[0].sum()
+                wanted = [n for n in leaves.names if n in leaves.leaves]
+                found = torch.autograd.grad(total, [leaves.leaves[n] for n in wanted], allow_unused=True)
+            for n, g in zip(wanted, found):
+                g = (torch.zeros_like(leaves.acts[n]) if g is None else g).to(torch.float64) / m
+                grads[n] = g if n not in grads else grads[n] + g
+        acts = leaves.acts
+        if method == "ig":  # the deltas are taken at the base run itself
+            with torch.no_grad():
+                _, cache = model.run_with_cache(base.inputs[start : start + rows], names_filter=setup.names)
+            acts = {n: cache[n] for n in setup.names}
+        per_layer = []
+        for layer, name in enumerate(setup.names):
+            act = acts[name].to(torch.float64)
+            source = replacement[name]
+            source = (source if source.shape[0] == 1 else source[start : start + rows]).to(torch.float64)
+            delta = source - act
+            est = _contract(delta * grads[name], head_axis, pos_axis)  # [batch, (head,) pos]
+            if structure is not None:
+                est = est + _qk_correction(structure, leaves.acts, grads, family, layer, delta)
+            per_layer.append(est)
+        out.append(torch.stack(per_layer))
+    # [layer, batch, (head,) pos] -> [layer, (head,) pos, batch]
+    return torch.cat(out, dim=1).movedim(1, -1), m
+
+
+def _interpolation(embeddings: dict[str, Tensor], t: float, start: int) -> list[tuple[str, Callable]]:
+    """Hooks that move the embeddings from ``embeddings`` (the source's) a fraction ``t`` towards the run's own."""
+
+    def mix(act: Tensor, hook: Any, name: str) -> Tensor:
+        r = embeddings[name]
+        r = (r if r.shape[0] == 1 else r[start : start + act.shape[0]]).to(act.dtype)
+        return r + t * (act - r)
+
+    return [(name, partial(mix, name=name)) for name in embeddings]
+
+
+def _contract(product: Tensor, head_axis: int | None, pos_axis: int) -> Tensor:
+    """Sum a ``delta * grad`` product over every axis but batch, head and position:
+    ``[batch, (head,) pos]``."""
+    keep = [0] + ([head_axis] if head_axis is not None else []) + [pos_axis]
+    dims = [d for d in range(product.ndim) if d not in keep]
+    summed = product.sum(dims) if dims else product
+    if head_axis is not None and head_axis > pos_axis:
+        summed = summed.transpose(1, 2)
+    return summed
+
+
+def _stream_delta(structure: Any, family: str, layer: int, delta: Tensor) -> Tensor | None:
+    """A family's change at every cell as changes of the residual stream: ``[batch, head, pos, d_model]``
+    (one "head" for families without heads), positions at their input positions."""
+    n_pos = structure.n_pos
+    if family == "z":
+        per_head = torch.einsum("bphd,hdm->bhpm", delta, structure.weights["W_O"][layer])
+    elif family in ("resid_pre", "attn_out", "mlp_out"):
+        per_head = delta[:, None]
+    else:
+        return None
+    pad = n_pos - per_head.shape[2]
+    if pad:
+        per_head = torch.cat([per_head.new_zeros(*per_head.shape[:2], pad, per_head.shape[-1]), per_head], dim=2)
+    return per_head
+
+
+def _qk_correction(structure: Any, acts: dict[str, Tensor], grads: dict[str, Tensor], family: str, layer: int,
+                   delta: Tensor) -> Tensor:
+    """AtP* minus AtP for every cell of ``family`` at ``layer``: for each head whose queries or keys the cell
+    reaches directly (its own, for the q and k families; through the residual stream otherwise), the
+    change of that head's pattern computed exactly through its softmax, times ``dm/dpattern``, in place of
+    its linearisation. ``[batch, (head,) pos]`` like the AtP estimate."""
+    from probes.graph import PATTERN, RESID_PRE, _qk
+
+    n_pos = structure.n_pos
+    heads_axis = FAMILIES[family][1] is not None
+    if family in ("q", "k"):
+        if not math.isfinite(structure.scale[layer]):
+            return torch.zeros(())
+        resid = acts[RESID_PRE.format(layer=layer)].to(torch.float64)
+        q, k = _qk(structure, acts, resid, layer)
+        p = acts[PATTERN.format(layer=layer)].to(torch.float64)
+        g = grads[PATTERN.format(layer=layer)]
+        if family == "k":
+            return _key_fix(q, k, delta, p, g, structure.scale[layer])
+        return _query_fix(q, k, delta, p, g, structure.scale[layer])
+    stream = _stream_delta(structure, family, layer, delta)
+    if stream is None:
+        return torch.zeros(())
+    first = layer if family == "resid_pre" else layer + 1
+    # resid_pre.L is layer L's input; every other layer reads the change directly only through a residual stream.
+    readers = [r for r in range(first, structure.n_layers) if math.isfinite(structure.scale[r])
+               and ((family == "resid_pre" and r == layer) or structure.stream[r])]
+    total = torch.zeros(stream.shape[:3], dtype=torch.float64)
+    W = structure.weights
+    for reader in readers:
+        resid = acts[RESID_PRE.format(layer=reader)].to(torch.float64)
+        q, k = _qk(structure, acts, resid, reader)
+        p = acts[PATTERN.format(layer=reader)].to(torch.float64)
+        g = grads[PATTERN.format(layer=reader)]
+        rows = q.shape[1]
+        for c in range(stream.shape[1]):
+            d = stream[:, c]  # [batch, pos, d_model]
+            dk = torch.einsum("bpm,hmd->bphd", d, W["W_K"][reader])
+            dq = torch.einsum("bpm,hmd->bphd", d[:, n_pos - rows:], W["W_Q"][reader])
+            fix = _key_fix(q, k, dk, p, g, structure.scale[reader]).sum(1)  # [batch, pos]
+            by_query = _query_fix(q, k, dq, p, g, structure.scale[reader]).sum(1)  # [batch, rows]
+            fix[:, n_pos - rows:] += by_query
+            total[:, c] += fix
+    total = total[:, :, n_pos - delta.shape[FAMILIES[family][2]]:]  # the activation's own positions
+    return total if heads_axis else total[:, 0]
+
+
+def _visible(p: Tensor) -> Tensor:
+    """Where each query row of a ``[batch, head, rows, pos]`` pattern may attend (causal rows at the end)."""
+    from probes.graph import causal_mask
+
+    return causal_mask(p.shape[2], p.shape[3]).expand_as(p)
+
+
+def _key_fix(q: Tensor, k: Tensor, dk: Tensor, p: Tensor, g: Tensor, scale: float) -> Tensor:
+    """For a change ``dk`` of every key position taken one at a time, the exact change of each query row's
+    softmax, times ``g = dm/dpattern``, minus its linearisation: ``[batch, head, pos]``.
+
+    With ``d_ij = q_i . dk_j / scale`` and ``G_i = sum_j g_ij p_ij``, changing key j alone gives the row
+    ``p'_ij = p_ij e^d / Z_i``, ``p'_ij' = p_ij' / Z_i`` with ``Z_i = 1 - p_ij + p_ij e^d``, so
+    ``sum_j' g_ij' p'_ij' - G_i = (G_i + g_ij p_ij (e^d - 1)) / Z_i - G_i`` (in log space for large d),
+    against the linear ``p_ij (g_ij - G_i) d``."""
+    mask = _visible(p)
+    d = torch.einsum("bqhd,bkhd->bhqk", q, dk) / scale
+    d = torch.where(mask, d, torch.zeros_like(d))
+    G = (g * p).sum(-1, keepdim=True)
+    log_p = torch.where(mask, p.clamp_min(1e-300).log(), torch.zeros_like(p))
+    log_z = torch.logaddexp(torch.log1p(-p.clamp(max=1.0 - 1e-16)), log_p + d)  # log Z_i (per column j)
+    new_p = torch.exp(log_p + d - log_z)  # p'_ij
+    rest = torch.exp(-log_z)  # factor of the other columns
+    exact = rest * (G - g * p) + g * new_p - G
+    linear = p * (g - G) * d
+    return torch.where(mask, exact - linear, torch.zeros_like(d)).sum(2)
+
+
+def _query_fix(q: Tensor, k: Tensor, dq: Tensor, p: Tensor, g: Tensor, scale: float) -> Tensor:
+    """For a change ``dq`` of every query row taken one at a time, the exact change of that row's softmax,
+    times ``g``, minus its linearisation: ``[batch, head, rows]``."""
+    mask = _visible(p)
+    ds = torch.einsum("bqhd,bkhd->bhqk", dq, k) / scale
+    ds = torch.where(mask, ds, torch.zeros_like(ds))
+    scores = torch.where(mask, p.clamp_min(1e-300).log(), torch.full_like(p, -math.inf))
+    new_p = torch.softmax(scores + ds, dim=-1)
+    G = (g * p).sum(-1, keepdim=True)
+    exact = (g * (new_p - p)).sum(-1)
+    linear = (p * (g - G) * ds).sum(-1)
+    return exact - linear
+
+
+def _atp_patching(model: Any, task: Task, data: Batch, config: ProbeConfig, method: str) -> PatchingResult:
+    """The attribution-patching version of :func:`_patching` (see :func:`attribution_patching_probe`)."""
+    from probes.graph import PATTERN, RESID_PRE, inspect_model
+
+    clean = targets_for(model, task, data, config.kind)
+    corrupted = clean.with_batch(task, corrupted_walks(task, len(data), config.seed))
+    n_layers, n_heads = model_dims(model)
+    name = {kind: [HOOKS[kind].format(layer=layer) for layer in range(n_layers)] for kind in config.hooks}
+    needed = [n for names in name.values() for n in names]
+    require_hooks(model, needed, "attribution patching")
+    base = replace(clean, inputs=corrupted.inputs)
+    bad = corrupted.labels
+    structure = inspect_model(model, base.inputs) if method == "atp*" else None
+    extra = [] if structure is None else [PATTERN.format(layer=l) for l in range(n_layers)] + [
+        RESID_PRE.format(layer=l) for l in range(n_layers)]
+    rows = max(1, element_rows(model, base.n_pos, ELEMENT_BUDGET // 2))
+    B, T = base.n_walks, base.n_pred
+    positions = {f"resid_pre.{l}": torch.zeros(base.n_pos, B, T, dtype=torch.float64)
+                 for l in range(n_layers) if "resid_pre" in config.hooks}
+    positions.update({f"v.{l}": torch.zeros(base.n_pos, B, T, dtype=torch.float64)
+                      for l in range(n_layers) if "v" in config.hooks})
+    heads = {kind: torch.zeros(n_layers, n_heads, B, T, dtype=torch.float64)
+             for kind in ("z", "pattern") if kind in config.hooks}
+    corr_ld, clean_ld = torch.zeros(B, T, dtype=torch.float64), torch.zeros(B, T, dtype=torch.float64)
+    scale_sum = 0.0
+    for start in range(0, B, rows):
+        stop = min(B, start + rows)
+        with torch.no_grad():
+            clean_logits, cache = model.run_with_cache(clean.inputs[start:stop], names_filter=needed)
+        clean_ld[start:stop] = logit_diff(clean_logits, clean, clean.labels[start:stop], bad[start:stop])
+        scale_sum += float(clean.select(clean_logits).abs().sum())
+        leaves = _Leaves(needed + extra)
+        with torch.enable_grad():
+            logits = model.run_with_hooks(base.inputs[start:stop], fwd_hooks=leaves.hooks())
+            ld = logit_diff(logits, base, base.labels[start:stop], bad[start:stop])  # [b, T]
+            corr_ld[start:stop] = ld.detach()
+            wanted = [n for n in leaves.names if n in leaves.leaves]
+            for i in range(T):
+                grads = torch.autograd.grad(ld[:, i].sum(), [leaves.leaves[n] for n in wanted], allow_unused=True,
+                                            retain_graph=i + 1 < T)
+                g = {n: (torch.zeros_like(leaves.acts[n]) if x is None else x).to(torch.float64)
+                     for n, x in zip(wanted, grads)}
+                for kind, names in name.items():
+                    for layer, hook in enumerate(names):
+                        delta = cache[hook].to(torch.float64) - leaves.acts[hook].to(torch.float64)
+                        family = kind
+                        _, head_axis, pos_axis = FAMILIES[family]
+                        est = _contract(delta * g[hook], head_axis, pos_axis)  # [b, (head,) pos]
+                        if structure is not None and kind == "resid_pre":
+                            est = est + _qk_correction(structure, leaves.acts, g, family, layer, delta)
+                        if kind in ("resid_pre", "v"):
+                            est = est.sum(1) if est.ndim == 3 else est  # v: over heads
+                            positions[f"{kind}.{layer}"][-est.shape[1]:, start:stop, i] = est.T
+                        else:
+                            heads[kind][layer, :, start:stop, i] = est.sum(-1).T
+    for key in positions:
+        positions[key] += corr_ld[None]
+    for key in heads:
+        heads[key] += corr_ld[None, None]
+    groups = _parent_groups(clean)
+    only_corrupted, only_clean = corr_ld.clone(), corr_ld.clone()
+    first = positions.get("resid_pre.0")
+    if first is not None:
+        est0 = first - corr_ld[None]
+        for mask, preds in groups:
+            only_clean[:, preds] += est0[mask][:, :, preds].sum(0)
+            only_corrupted[:, preds] += est0[~mask][:, :, preds].sum(0)
+    else:
+        only_corrupted[:], only_clean[:] = math.nan, math.nan
+    return PatchingResult(
+        layout=clean.layout(), weights=data.weights, clean=clean_ld, corrupted=corr_ld,
+        only_parents_corrupted=only_corrupted, only_parents_clean=only_clean,
+        scale=scale_sum / (B * clean.n_pred * clean.n_states) * clean.n_pred, embeddings_by_substitution=False,
+        contrast=(clean.inputs != corrupted.inputs).any(0), positions=positions, heads=heads, method=method,
+        cost=Cost(forward=2, backward=T))
+
+
+def cell_faithfulness(model: Any, task: Task, data: Batch, result: Sweep, order: list[int], sizes: list[int],
+                      config: ProbeConfig | None = None) -> Float[Tensor, " size"]:
+    """Faithfulness of the first ``k`` cells of ``order`` (indices into ``result.effects().flatten()``),
+    for each ``k`` in ``sizes``: every other cell of the sweep is patched from its source at once, and the
+    metric is reported as a fraction of the way from the run with every cell patched (0) to the unpatched
+    run (1). One forward pass per size (and one for every cell patched)."""
+    config = config or ProbeConfig()
+    with evaluating(model):
+        setup = _setup(model, task, data, result.family, result.source, result.metric, config)
+        base = setup.base
+        rows = min(config.max_rows, element_rows(model, base.n_pos))
+        replacement = source_activations(model, setup, result.source, rows, data.weights)
+        _, head_axis, pos_axis = FAMILIES[result.family]
+        shape = result.effects().shape  # [layer, (head,) (pos,)]
+        w = point_weights(data.weights, base.n_walks)
+
+        def run(kept: Tensor) -> float:
+            patched = ~kept.reshape(shape)
+            hooks = []
+            for layer, name in enumerate(setup.names):
+                mask = patched[layer]
+                hooks.append((name, partial(_write_cells, mask=mask, source=replacement[name],
+                                            granularity=result.granularity, head_axis=head_axis, pos_axis=pos_axis)))
+            values = []
+            for start in range(0, base.n_walks, rows):
+                with torch.no_grad():
+                    logits = model.run_with_hooks(base.inputs[start : start + rows], fwd_hooks=[
+                        (n, partial(f, start=start)) for n, f in hooks])
+                values.append(setup.metric(logits[None], base_rows(base, start, rows), start)[0])
+            return float(wmean(w, torch.cat(values)[:, None])[0, 0])
+
+        n = int(np.prod(shape))
+        every = run(torch.zeros(n, dtype=torch.bool))
+        full = float(wmean(w, result.base[:, None])[0, 0])
+        out = []
+        for k in sizes:
+            kept = torch.zeros(n, dtype=torch.bool)
+            kept[torch.tensor(order[:k], dtype=torch.long)] = True
+            out.append((run(kept) - every) / (full - every) if full != every else math.nan)
+        return torch.tensor(out, dtype=torch.float64)
+
+
+def _write_cells(act: Tensor, hook: Any, mask: Tensor, source: Tensor, granularity: str, head_axis: int | None,
+                 pos_axis: int, start: int) -> Tensor:
+    """Write ``source`` into the cells of ``act`` where ``mask`` (the layer's cell grid) holds."""
+    act = act.clone()
+    src = (source if source.shape[0] == 1 else source[start : start + act.shape[0]]).to(act.dtype).expand_as(act)
+    index: list[Any] = [slice(None)] * act.ndim
+    if granularity == "layer":
+        if bool(mask):
+            act[:] = src
+        return act
+    if granularity == "head":
+        index[head_axis] = mask
+    elif granularity == "position":
+        index[pos_axis] = mask
+    else:  # head x position: a boolean grid over the two axes, in the activation's order
+        grid = mask if head_axis < pos_axis else mask.T
+        first = min(head_axis, pos_axis)
+        act[(slice(None),) * first + (grid,)] = src[(slice(None),) * first + (grid,)]
+        return act
+    act[tuple(index)] = src[tuple(index)]
+    return act

@@ -12,8 +12,9 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from probes.scorecard import HEADLINE, MEANING, Comparison, RunComparison, Scorecard, findings, nest
-from rwinterp.cli import _json_safe
+from probes.heads import ROLE_NAMES, SCORES, HeadTable, TrainingCurve, head_label
+from probes.scoring import HEADLINE, MEANING, Comparison, RunComparison, Scorecard, direction, nest_scores
+from rwinterp.jsonable import jsonable
 from rwinterp.atomic import atomic_directory as _atomic_directory
 
 SCORES_FILE = "scores.json"
@@ -25,6 +26,10 @@ REPORT_FILES = (SCORES_FILE, REPORT_FILE, "*.png")
 def atomic_directory(target: Path, build: Callable[[Path], None]) -> Path:
     """Run ``build(tmp)`` in a fresh temporary directory, then move it to ``target``."""
     return _atomic_directory(target, build, "report", REPORT_FILES)
+
+
+#: The note under a score table.
+ARROWS = "↑ / ↓ after a score: the way it moves when a model learns the task (higher / lower)."
 
 
 def _fmt(value: Optional[float], digits: int = 3) -> str:
@@ -46,17 +51,24 @@ def _cell(card: Scorecard, flat: dict[str, float], key: str) -> str:
 
 def summary_json(card: Scorecard, comparison: Optional[Comparison] = None) -> dict[str, Any]:
     """What ``rwinterp probe --json`` prints: the nested scores and, with a baseline, the same keys
-    under ``baseline`` (means over seeds), with their spread under ``baseline_spread``."""
+    under ``baseline`` (means over seeds), with their spread under ``baseline_spread``. Per head
+    (``heads.L{l}H{h}``) the random models' mean and the difference trained - random sit beside each
+    score, with their intervals."""
     out: dict[str, Any] = dict(card.scores())
     if comparison is not None:
-        out["baseline"] = nest(comparison.baseline_means())
-        out["baseline_spread"] = nest({k: {"std": s.std, "ci_low": s.ci_low, "ci_high": s.ci_high}
-                                       for k, s in comparison.spreads.items()})
+        table = comparison.head_table()
+        if table is not None:
+            out["heads"] = table.to_json(card.head_ablation)
+        out["baseline"] = nest_scores(comparison.baseline_means())
+        out["baseline_spread"] = nest_scores({k: {"std": s.std, "ci_low": s.ci_low, "ci_high": s.ci_high}
+                                              for k, s in comparison.spreads.items()})
         out["baseline_seeds"] = comparison.seeds
     return out
 
 
-def _payload(card: Scorecard, flat: dict[str, float], source: str) -> dict[str, Any]:
+def _payload(card: Scorecard, flat: dict[str, float], source: str,
+             comparison: Optional[Comparison] = None) -> dict[str, Any]:
+    table = comparison.head_table() if comparison is not None else card.head_table()
     return {
         "source": source,
         "task": card.task,
@@ -64,15 +76,17 @@ def _payload(card: Scorecard, flat: dict[str, float], source: str) -> dict[str, 
         "kind": card.kind,
         "n_walks": card.n_walks,
         "probe_config": card.config.to_dict(),
-        "scores": nest(flat),
-        "intervals": nest({k: list(v) for k, v in card.intervals.items()}),
-        "findings": findings(flat, card.kind),
+        "scores": nest_scores(flat, table, card.head_ablation),
+        "intervals": nest_scores({k: list(v) for k, v in card.intervals.items()}),
+        "findings": comparison.findings() if comparison is not None else card.findings(),
     }
 
 
-def _figures(card: Scorecard, tmp: Path, prefix: str = "") -> list[tuple[str, str, str]]:
-    """Draw one scorecard's figures; returns ``(file, title, caption)``."""
-    from probes.plots import plot_attention, plot_patching, plot_transition
+def _figures(card: Scorecard, tmp: Path, prefix: str = "",
+             table: Optional[HeadTable] = None) -> list[tuple[str, str, str]]:
+    """Draw one scorecard's figures; returns ``(file, title, caption)``. ``table``: the per-head scores to
+    draw (default: the card's own, without random models)."""
+    from probes.plots import plot_attention, plot_composition, plot_head_scores, plot_patching, plot_transition
 
     figures = []
     if card.transition is not None:
@@ -84,6 +98,14 @@ def _figures(card: Scorecard, tmp: Path, prefix: str = "") -> list[tuple[str, st
     name = f"{prefix}patching.png"
     figures.append((name, "Activation patching by position and hook",
                     plot_patching(card.patching, tmp / name, card.sample_name)))
+    table = table if table is not None else card.head_table()
+    if table is not None:
+        name = f"{prefix}heads.png"
+        figures.append((name, "Attention scores of every head", plot_head_scores(table, tmp / name)))
+    if card.composition is not None:
+        name = f"{prefix}composition.png"
+        figures.append((name, "Composition between heads (from the weights)",
+                        plot_composition(card.composition, tmp / name)))
     return figures
 
 
@@ -109,37 +131,111 @@ def _header(card: Scorecard, source: str) -> list[str]:
     ]
 
 
-def write_probe_report(out: Path, card: Scorecard, source: str, comparison: Optional[Comparison] = None) -> Path:
-    """Write ``scores.json``, ``report.md`` and the figures of one run's scorecard."""
-    from probes.plots import plot_bars
+def over_training_json(curve: TrainingCurve) -> dict[str, Any]:
+    """A :class:`probes.heads.TrainingCurve` as JSON: the steps, the test loss, the reference losses, and per head
+    (``L{layer}H{head}``) each score at every step and the step at which it rises (halfway from its first value to
+    its last; null if it does not rise)."""
+    L, H = curve.scores["induction"].shape[1:]
+    heads = {}
+    for layer in range(L):
+        for head in range(H):
+            entry = {}
+            for name, values in curve.scores.items():
+                entry[name] = values[:, layer, head].tolist()
+                entry[f"{name}_rises_at"] = curve.rise_step(name, layer, head)
+            heads[head_label(layer, head)] = entry
+    return {"steps": curve.steps, "test_loss": curve.test_loss.tolist(), "references": curve.references,
+            "chance": curve.chance, "heads": heads}
+
+
+def write_probe_report(out: Path, card: Scorecard, source: str, comparison: Optional[Comparison] = None,
+                       curve: Optional[TrainingCurve] = None) -> Path:
+    """Write ``scores.json``, ``report.md`` and the figures of one run's scorecard (with the scores over training
+    of its checkpoints where ``curve`` is given)."""
+    from probes.plots import plot_bars, plot_over_training
 
     def build(tmp: Path) -> None:
         flat = card.flat()
-        figures = _figures(card, tmp)
-        payload = _payload(card, flat, source)
+        table = comparison.head_table() if comparison is not None else card.head_table()
+        figures = _figures(card, tmp, table=table)
+        payload = _payload(card, flat, source, comparison)
+        if curve is not None:
+            payload["over_training"] = over_training_json(curve)
+            figures.append(("over_training.png", "Over training",
+                            plot_over_training(curve, tmp / "over_training.png")))
         if comparison is not None:
             rows = [(k, flat.get(k, math.nan), _interval(card, k), comparison.spreads[k].mean,
                      (comparison.spreads[k].ci_low, comparison.spreads[k].ci_high))
                     for k in HEADLINE if k in comparison.spreads and k != "bayes_accuracy"]
+            bayes = flat.get("bayes_accuracy")
             plot_bars(rows, ("trained", f"random init ({len(comparison.seeds)} seeds)"),
-                      tmp / "trained_vs_random.png", "trained model against random-initialised models")
+                      tmp / "trained_vs_random.png", "trained model against random-initialised models",
+                      references={"accuracy": (bayes, bayes)}, reference_label="Bayes accuracy of the task")
             figures.append(("trained_vs_random.png", "Trained against random-initialised models",
                             f"Each score for this run (with its interval over test {card.sample_name}s) beside the "
-                            "mean over random-initialised models of the same architecture (interval over seeds). "
-                            "Learning the task shows as scores far from the random ones."))
+                            "mean over random-initialised models of the same architecture (interval over seeds); "
+                            "the arrow after a score's name says which way learning the task moves it, and the "
+                            "dashed mark on the accuracy bars is the Bayes accuracy. Learning the task shows as "
+                            "scores far from the random ones."))
             payload["baseline"] = {
                 "kind": "random", "seeds": comparison.seeds,
-                **{stat: nest({k: getattr(s, stat) for k, s in comparison.spreads.items()})
+                **{stat: nest_scores({k: getattr(s, stat) for k, s in comparison.spreads.items()})
                    for stat in ("mean", "std", "ci_low", "ci_high")},
-                "values": nest({k: s.values for k, s in comparison.spreads.items()}),
+                "values": nest_scores({k: s.values for k, s in comparison.spreads.items()}),
             }
-        (tmp / SCORES_FILE).write_text(json.dumps(_json_safe(payload), indent=1))
+        (tmp / SCORES_FILE).write_text(json.dumps(jsonable(payload), indent=1))
         lines = ["# Probe report", ""] + _header(card, source) + ["## What the probes find", ""]
         lines += [f"- {s}" for s in payload["findings"]] + ["", "## Scores", ""]
-        lines += _score_table(card, flat, comparison) + ["", "## Figures", ""] + _figure_markdown(figures)
+        lines += _score_table(card, flat, comparison) + _head_section(card, table, flat, comparison)
+        lines += ["", "## Figures", ""] + _figure_markdown(figures)
         (tmp / REPORT_FILE).write_text("\n".join(lines))
 
     return atomic_directory(out, build)
+
+
+def _pair(t: Any) -> str:
+    lo, hi = float(t[0]), float(t[1])
+    return f" [{_fmt(lo)}, {_fmt(hi)}]" if math.isfinite(lo) else ""
+
+
+def _head_section(card: Scorecard, table: Optional[HeadTable], flat: dict[str, float],
+                  comparison: Optional[Comparison]) -> list[str]:
+    """The per-head scores, their chance levels and (with random models) the differences, and the
+    composition scores, as markdown."""
+    if table is None:
+        return []
+    random = table.random is not None
+    lines = ["", "## Heads", "", f"{table.describe(card.head_ablation)}.", "",
+             "A head is named for a score at least 0.3 of the way from its chance level to 1 whose interval "
+             "lies above " + ("the random models' interval." if random else "the chance level's interval."), ""]
+    head = "| head | score | this run [interval] | chance |"
+    rule = "|---|---|---|---|"
+    if random:
+        head += f" random init, {table.n_random} models [interval] | difference [interval] |"
+        rule += "---|---|"
+    lines += [head, rule]
+    for l, h in table.heads():
+        for name in SCORES:
+            label = ROLE_NAMES[name] + (f" (= {ROLE_NAMES[table.same_as[name]]})" if name in table.same_as else "")
+            row = (f"| {head_label(l, h)} | {label} | {_fmt(float(table.value[name][l, h]))}"
+                   f"{_pair(table.interval[name][l, h])} | {_fmt(table.chance[name])} |")
+            if random:
+                row += (f" {_fmt(float(table.random[name][l, h]))}{_pair(table.random_interval[name][l, h])} |"
+                        f" {_fmt(float(table.difference[name][l, h]))}{_pair(table.difference_interval[name][l, h])} |")
+            lines.append(row)
+    pairs = [k for k in flat if k.startswith("composition.")]
+    if pairs:
+        lines += ["", "Composition scores (TransformerLens, from the weights):", "",
+                  "| heads | mode | this run |" + (" random init (mean) |" if comparison is not None else ""),
+                  "|---|---|---|" + ("---|" if comparison is not None else "")]
+        for key in pairs:
+            mode, pair = key.split(".", 2)[1:]
+            row = f"| {pair} | {mode} | {_fmt(flat[key])} |"
+            if comparison is not None:
+                spread = comparison.spreads.get(key)
+                row += f" {_fmt(spread.mean) if spread else 'n/a'} |"
+            lines.append(row)
+    return lines
 
 
 def _score_table(card: Scorecard, flat: dict[str, float], comparison: Optional[Comparison]) -> list[str]:
@@ -152,12 +248,12 @@ def _score_table(card: Scorecard, flat: dict[str, float], comparison: Optional[C
     for key in HEADLINE:
         if key not in flat:
             continue
-        row = f"| `{key}` | {MEANING[key]} | {_cell(card, flat, key)} |"
+        row = f"| `{key}`{direction(key)} | {MEANING[key]} | {_cell(card, flat, key)} |"
         if comparison is not None:
             s = comparison.spreads.get(key)
             row += (f" {_fmt(s.mean)} ± {_fmt(s.std)} [{_fmt(s.ci_low)}, {_fmt(s.ci_high)}] |" if s else " |")
         lines.append(row)
-    lines += ["", "All scores, with every hook and head, are in `scores.json`."]
+    lines += ["", ARROWS, "All scores, with every hook and head, are in `scores.json`."]
     return lines
 
 
@@ -172,10 +268,15 @@ def write_compare_report(out: Path, comparison: RunComparison, sources: tuple[st
         fa, fb = a.flat(), b.flat()
         keys = [k for k in HEADLINE if k in fa and k in fb and k != "bayes_accuracy"]
         rows = [(k, fa[k], _interval(a, k), fb[k], _interval(b, k)) for k in keys]
-        plot_bars(rows, (na, nb), tmp / "comparison.png", f"{na} against {nb}")
+        # The runs by letter and path, each accuracy against its own task's Bayes accuracy: two runs at
+        # Bayes on different tasks (0.5 and 0.7) must not read as one better than the other.
+        plot_bars(rows, (f"{na}: {sources[0]}", f"{nb}: {sources[1]}"), tmp / "comparison.png",
+                  f"{na} ({Path(sources[0]).name}) against {nb} ({Path(sources[1]).name})",
+                  references={"accuracy": (fa.get("bayes_accuracy"), fb.get("bayes_accuracy"))},
+                  reference_label="Bayes accuracy of each run's task")
         payload = {na: _payload(a, fa, sources[0]), nb: _payload(b, fb, sources[1]),
-                   "difference": nest({k: fb[k] - fa[k] for k in fa if k in fb})}
-        (tmp / SCORES_FILE).write_text(json.dumps(_json_safe(payload), indent=1))
+                   "difference": nest_scores({k: fb[k] - fa[k] for k in fa if k in fb})}
+        (tmp / SCORES_FILE).write_text(json.dumps(jsonable(payload), indent=1))
         lines = ["# Comparison report", "", f"- {na}: `{sources[0]}`, task {a.task}, {a.model}",
                  f"- {nb}: `{sources[1]}`, task {b.task}, {b.model}", "", "## What the probes find", ""]
         for name in (na, nb):
@@ -184,14 +285,17 @@ def write_compare_report(out: Path, comparison: RunComparison, sources: tuple[st
                   "|---|---|---|---|---|"]
         for key in HEADLINE:
             if key in fa and key in fb:
-                lines.append(f"| `{key}` | {MEANING[key]} | {_cell(a, fa, key)} | {_cell(b, fb, key)} | "
-                             f"{_fmt(fb[key] - fa[key])} |")
+                lines.append(f"| `{key}`{direction(key)} | {MEANING[key]} | {_cell(a, fa, key)} | "
+                             f"{_cell(b, fb, key)} | {_fmt(fb[key] - fa[key])} |")
         figures = [("comparison.png", f"{na} against {nb}",
-                    f"Each score of the two runs side by side, with intervals over test {a.sample_name}s.")]
+                    f"Each score of the two runs side by side, with intervals over test {a.sample_name}s; the arrow "
+                    "after a score's name says which way learning the task moves it. Each run's accuracy is to be "
+                    "read against the Bayes accuracy of its own task (dashed marks): two runs at their tasks' Bayes "
+                    "accuracies have both learned, however far apart their accuracies are.")]
         figures += _figures(a, tmp, "a_") + _figures(b, tmp, "b_")
         figures = [(f, f"{t} ({na if f.startswith('a_') else nb})" if f[:2] in ("a_", "b_") else t, c)
                    for f, t, c in figures]
-        lines += ["", "## Figures", ""] + _figure_markdown(figures)
+        lines += ["", ARROWS, "", "## Figures", ""] + _figure_markdown(figures)
         (tmp / REPORT_FILE).write_text("\n".join(lines))
 
     return atomic_directory(out, build)

@@ -111,8 +111,9 @@ def _task_logits(model: Any, task: Task, inputs: Int[Tensor, "batch pos"]) -> Fl
 
 
 def is_chain(task: Task) -> bool:
-    """Whether the task is a Markov chain of some order, whose parents move with the prediction."""
-    return any(callable(getattr(task, name, None)) for name in ("transition_matrix", "transition_tensor"))
+    """Whether the task's parents move with the prediction (:attr:`rwinterp.tasks.Task.parents_move`: a
+    Markov chain of some order, fixed or drawn per sequence)."""
+    return bool(getattr(task, "parents_move", False))
 
 
 @dataclass

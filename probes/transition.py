@@ -52,7 +52,7 @@ from probes.stats import point_weights
 from probes.targets import Targets, evaluating, hook_names, model_dims, run_logits, targets_for
 from rwinterp.errors import require
 from rwinterp.metrics import exact_scale, transition_distance
-from rwinterp.model import predict
+from rwinterp.metrics import predict
 from rwinterp.tasks import Batch, Task
 
 

@@ -7,6 +7,10 @@ not hold: a folder that merely contains a ``config.json`` beside other files is 
 Commands call :func:`check_target` before their work starts, so that a bad ``--out`` is refused at
 once rather than after minutes of training (it creates and removes an empty folder where the
 directory will be built: permissions alone do not tell whether that can be done).
+
+A process killed outright (SIGKILL, a power cut) cannot remove its temporary directory. Temporary
+directories are named after the process that builds them (``.NAME.tmp-PID-XXXXXXXX``), and the next
+write beside them removes those whose process is gone (:func:`remove_stale`).
 """
 
 from __future__ import annotations
@@ -19,15 +23,15 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Callable, Sequence
 
-from rwinterp import stopping
 from rwinterp.errors import RwinterpError, require
 
 
 def check_target(target: str | Path, kind: str, files: Sequence[str]) -> Path:
     """Refuse, with a one-line error, a ``target`` that :func:`atomic_directory` could not replace.
 
-    ``files``: the names (``fnmatch`` patterns) a directory of this ``kind`` holds; the first is its
-    marker, the file that must be there for an existing, non-empty ``target`` to be replaced.
+    ``files``: the names (``fnmatch`` patterns; a name ending in ``/`` is a folder) a directory of this
+    ``kind`` holds; the first is its marker, the file that must be there for an existing, non-empty
+    ``target`` to be replaced.
     """
     require(str(target) != "", "--out must name a directory")
     target = Path(target)
@@ -39,7 +43,7 @@ def check_target(target: str | Path, kind: str, files: Sequence[str]) -> Path:
         entries = sorted(e.name for e in target.iterdir())
         require(not entries or files[0] in entries,
                 f"{target} exists and is not a {kind} directory; choose another --out")
-        foreign = [e for e in entries if not (target / e).is_file() or not any(fnmatch(e, f) for f in files)]
+        foreign = [e for e in entries if not any(_matches(target / e, f) for f in files)]
         require(not foreign, f"{target} holds what a {kind} directory does not ({', '.join(foreign[:3])}"
                              f"{', ...' if len(foreign) > 3 else ''}), so it is not replaced; choose another --out")
         # Replacing renames the target away and deletes its files, which its own permissions must allow.
@@ -56,12 +60,43 @@ def check_target(target: str | Path, kind: str, files: Sequence[str]) -> Path:
     return target
 
 
+def _matches(path: Path, pattern: str) -> bool:
+    if pattern.endswith("/"):
+        return path.is_dir() and not path.is_symlink() and fnmatch(path.name, pattern[:-1])
+    return path.is_file() and fnmatch(path.name, pattern)
+
+
+def temporary_sibling(target: Path, what: str = "tmp") -> Path:
+    """A fresh, not yet created path beside ``target`` for building it, named after this process."""
+    return target.parent / f".{target.name}.{what}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def remove_stale(target: Path) -> None:
+    """Remove the temporary siblings of ``target`` left by processes that no longer run."""
+    try:
+        siblings = list(target.parent.glob(f".{target.name}.*-*-*"))
+    except OSError:
+        return
+    for path in siblings:
+        parts = path.name[len(target.name) + 2:].split("-")
+        if len(parts) == 3 and parts[1].isdigit() and not _alive(int(parts[1])):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
 def publish(tmp: Path, target: Path) -> None:
-    """Rename the finished directory ``tmp`` (a sibling of ``target``) to ``target``, replacing it;
-    not after a stop was asked for (:func:`rwinterp.stopping.check` raises it instead)."""
-    stopping.check()
+    """Rename the finished directory ``tmp`` (a sibling of ``target``) to ``target``, replacing it."""
     if target.exists():
-        old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+        old = temporary_sibling(target, "old")
         target.rename(old)
         tmp.rename(target)
         shutil.rmtree(old, ignore_errors=True)
@@ -73,7 +108,8 @@ def atomic_directory(target: str | Path, build: Callable[[Path], None], kind: st
     """Run ``build(tmp)`` in a fresh temporary sibling of ``target``, then move it to ``target``
     (``kind`` and ``files`` as for :func:`check_target`)."""
     target = check_target(target, kind, files)
-    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
+    remove_stale(target)
+    tmp = temporary_sibling(target)
     try:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -224,7 +224,8 @@ def persistent_transition(K: int, q: float) -> Float[Tensor, "K K K"]:
     Pairs (a, b) that are not neighbours never occur in the walk; they get the symmetric step
     (+1 or -1 with probability 1/2 each) so that ``T`` is a valid transition tensor.
     """
-    require(isinstance(K, int) and K >= 3, f"K must be an integer >= 3, got {K}")
+    require(isinstance(K, int) and not isinstance(K, bool) and K >= 3,
+            f"a circle needs K >= 3 states (with 2 the +1 and -1 steps coincide), got {K!r}")
     require(isinstance(q, (int, float)) and 0.0 <= float(q) <= 1.0, f"q must lie in [0, 1], got {q}")
     q = float(q)
     T = torch.zeros(K, K, K, dtype=torch.float64)

@@ -1,8 +1,13 @@
-"""The ``rwinterp`` command: train, probe, compare and reproduce.
+"""The ``rwinterp`` command line.
 
-Heavy imports (TransformerLens, plotting) happen inside the sub-command that needs them, so
-``rwinterp --help`` and argument errors answer at once. Every user error is one line on stderr,
-``rwinterp: error: ...``, with exit status 2; a diverging training run exits with status 1.
+Sub-commands are found through the ``rwinterp.commands`` entry points (``pyproject.toml``), the plugin pattern
+of pytest: ``train`` lives here, the others in the packages above this one that declare them; each is a
+:class:`Command`. The options of ``train`` and their help come from the config dataclasses of
+:mod:`rwinterp.config`, the one table of defaults. Arguments are parsed and checked before torch and
+TransformerLens load, so a mistyped one is refused at once. Every user error is one line on stderr,
+``rwinterp: error: ...``, with exit status 2; a diverging training run exits with status 1; Ctrl-C ends a
+command with status 130 and SIGTERM with 143, leaving nothing half written (a program started with
+Ctrl-C ignored, in the background, keeps ignoring it).
 """
 
 from __future__ import annotations
@@ -13,15 +18,32 @@ import math
 import os
 import signal
 import sys
-from typing import Any, Callable, Sequence
+from dataclasses import MISSING, dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
 
-from rwinterp import stopping
-from rwinterp.errors import RwinterpError
+from rwinterp.config import (
+    DEVICES, TASK_PARAMETERS, TASKS, BridgeOptions, DeepOptions, TrainConfig, cli_options, defaults, parse_seeds,
+    standard_options, unmet_need,
+)
+from rwinterp.errors import RwinterpError, require
+from rwinterp.jsonable import jsonable
 
-COMMANDS: dict[str, Callable[[argparse.ArgumentParser], Callable[[argparse.Namespace], int]]] = {}
+ENTRY_POINTS = "rwinterp.commands"
 
 
-class _Parser(argparse.ArgumentParser):
+@dataclass(frozen=True)
+class Command:
+    """A sub-command: ``configure(parser)`` adds its options, ``run(args)`` does the work (heavy imports go
+    inside ``run``) and returns the exit status."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+class Parser(argparse.ArgumentParser):
     """argparse with one-line errors."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -29,385 +51,470 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def command(name: str, help: str) -> Callable:
-    """Register ``configure(parser) -> handler`` as the sub-command ``name``."""
-
-    def wrap(configure: Callable) -> Callable:
-        configure.help = help  # type: ignore[attr-defined]
-        COMMANDS[name] = configure
-        return configure
-
-    return wrap
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(_json_safe(obj)) + "\n")
+    """One JSON object on stdout (NaN and infinities as null)."""
+    sys.stdout.write(json.dumps(jsonable(obj)) + "\n")
+
+
+# ---------------------------------------------------------------------------------------- options from configs
+def _python_type(annotation: str) -> type:
+    name = str(annotation).replace("Optional[", "").replace(" | None", "").rstrip("]")
+    return {"int": int, "float": float, "str": str, "bool": bool}.get(name, str)
+
+
+def add_config_options(group: Any, classes: Sequence[type], skip: Sequence[str] = (), seen: Optional[set] = None,
+                       extra: Optional[dict[str, str]] = None) -> None:
+    """Add a ``--flag`` for every field of ``classes`` (:func:`rwinterp.config.cli_options`), once per flag, with
+    the help text and default of each class that has it. Every flag defaults to ``None``: a config's own
+    default applies when it is not given."""
+    seen = set() if seen is None else seen
+    flags: dict[str, list[tuple[type, Any]]] = {}
+    for cls in classes:
+        for flag, f in cli_options(cls):
+            if f.name not in skip:
+                flags.setdefault(flag, []).append((cls, f))
+    for flag, owners in flags.items():
+        if flag in seen:
+            continue
+        seen.add(flag)
+        f = owners[0][1]
+        values = {owner.__name__.removesuffix("Options").removesuffix("Config").lower(): defaults(owner)[f.name]
+                  for owner, _ in owners}
+        shown = sorted({repr(v) if isinstance(v, str) else str(v) for v in values.values()})
+        default = (f"default {shown[0]}" if len(shown) == 1
+                   else "default " + "; ".join(f"{k} {v!r}" if isinstance(v, str) else f"{k} {v}"
+                                                for k, v in values.items()))
+        text = f"{f.metadata['help']} ({default}{(extra or {}).get(f.name, '')})".replace("%", "%%")
+        kind = _python_type(f.type)
+        if kind is bool:
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            group.add_argument(flag, dest=f.name, type=kind, default=None, choices=f.metadata.get("choices"),
+                               metavar=None if f.metadata.get("choices") else f.name.upper(), help=text)
+
+
+def given(args: argparse.Namespace, cls: type, skip: Sequence[str] = ()) -> dict[str, Any]:
+    """The fields of ``cls`` that were given on the command line."""
+    return {name: getattr(args, name) for _, f in cli_options(cls) for name in [f.name]
+            if name not in skip and getattr(args, name, None) is not None}
 
 
 # ---------------------------------------------------------------------------------------- train
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("task and model (PAPER.md sections 1-2)")
-    g.add_argument("--K", type=int, default=None, help="number of nodes on the circle (default 6)")
-    g.add_argument("--N", type=int, default=None, help="positions per sample, query slot included (default 97)")
-    g.add_argument("--M", type=int, default=None,
-                   help="positional embedding dimension (default 1000; concatenated positions only)")
-    g.add_argument("--p", type=float, default=None,
-                   help="probability of a +1 step (default 0.5; --task circle and lazy)")
-    g.add_argument("--pe", choices=["orthogonal", "sine", "learned"], default=None,
-                   help="positional embeddings: orthogonal or sine (fixed, squared norm M/2; default "
-                        "orthogonal) or learned (--model deep)")
-    g.add_argument("--init", choices=["zero", "gaussian", "standard"], default=None,
-                   help="initialisation (default zero; standard = GPT-2 style, --model deep)")
-    g.add_argument("--sigma", type=float, default=None,
-                   help="with --init gaussian: std of the initialisation (default 0.01)")
-    g.add_argument("--normalize-tokens", action="store_true",
-                   help="use x~/||x~|| inside the attention (the paper's random-init runs)")
-    g.add_argument("--keys-only", action="store_true",
-                   help="with --normalize-tokens: normalise the keys x~_1..x~_N but not the query")
-    g.add_argument("--token-norm", type=float, default=None,
-                   help="with --normalize-tokens: the length x~ is normalised to (default 1)")
-    g.add_argument("--mlp-width", type=int, default=None,
-                   help="FC+ReLU variant with this width m (--model deep: a head of value width d_head = m and a "
-                        "learned MLP of width m; d_head + K must fit in d_model = K + M)")
-    g.add_argument("--act-fn", choices=["relu", "linear"], default=None,
-                   help="with --mlp-width: the FC layer's activation (default relu; linear: no ReLU, f = A V X S)")
-    g.add_argument("--dtype", choices=["float32", "float64"], default="float64", help="default float64")
+MODELS = ("paper", "deep", "bridge")
+#: The options class of each model kind a run saves.
+OPTIONS = {"deep": DeepOptions, "bridge": BridgeOptions}
+PRESETS = ("paper", "standard")
+#: Fields that the paper's model may set and still be the paper's model (``--model paper``).
+PAPER_FIELDS = ("pos_embedding", "pos_dim", "init", "init_sigma", "normalize_tokens", "normalize_query", "token_norm",
+                "mlp_width", "act_fn", "rank_one_query", "seed", "dtype")
+#: Training defaults that a model needs, where they differ from the paper's (logits, every position).
+NEXT_TOKEN = {"loss": "xent", "next_token": True}
+TASK_SKIP = ("n_states", "n_ctx")
 
 
-#: Options of ``--task`` (rwinterp.chains, rwinterp.qa), and which of the task options each one reads
-#: (the QA tasks fix their vocabulary, K = 19, and their sentence length).
-TASK_OPTIONS = {
-    "circle": ("K", "N", "p"),
-    "lazy": ("K", "N", "p", "stay", "start"),
-    "torus": ("K", "N", "rows", "cols", "stay", "start"),
-    "regular": ("K", "N", "degree", "graph_seed", "stay", "start"),
-    "persistent": ("K", "N", "q"),
-    "random-order": ("K", "N", "order", "concentration", "chain_seed"),
-    "qa-majority": (),
-    "qa-order": (),
-}
-_OPTION_NAMES = tuple(dict.fromkeys(name for names in TASK_OPTIONS.values() for name in names))
-
-#: ``--model deep`` options and the :class:`rwinterp.deep.DeepConfig` fields they set.
-DEEP_OPTIONS = {
-    "layers": "n_layers", "heads": "n_heads", "d_model": "d_model", "d_head": "d_head",
-    "pos_mode": "pos_mode", "token_embedding": "token_embedding", "d_token": "d_token",
-    "key_query": "key_query", "attn_scale": "attn_scale", "values": "values", "readout": "readout",
-    "residual": "residual", "attention": "attention",
-}
-
-
-def add_task_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("other tasks: Markov chains (rwinterp.chains) and the QA tasks (rwinterp.qa)")
-    g.add_argument("--task", choices=list(TASK_OPTIONS), default="circle",
-                   help="circle (the paper's), lazy (circle walk that may stay put), torus (grid walk), "
-                        "regular (random regular graph), persistent (2nd-order circle walk with momentum), "
-                        "random-order (random k-th order chain), qa-majority and qa-order (the paper's "
-                        "question-answering tasks 1 and 2, section 4); default circle")
-    g.add_argument("--stay", type=float, default=None, help="probability of staying put (lazy: default 0.5)")
-    g.add_argument("--rows", type=int, default=None, help="torus rows (K = rows * cols)")
-    g.add_argument("--cols", type=int, default=None, help="torus columns")
-    g.add_argument("--degree", type=int, default=None, help="degree of the random regular graph (default 3)")
-    g.add_argument("--graph-seed", type=int, default=None, help="seed of the random regular graph (default 0)")
-    g.add_argument("--q", type=float, default=None,
-                   help="persistent walk: probability of keeping direction (default 0.8)")
-    g.add_argument("--order", type=int, default=None, help="random-order chain: its order k (default 2)")
-    g.add_argument("--concentration", type=float, default=None,
-                   help="random-order chain: Dirichlet concentration of its rows (default 1)")
-    g.add_argument("--chain-seed", type=int, default=None, help="random-order chain: its seed (default 0)")
-    g.add_argument("--start", default=None,
-                   help="distribution of the first state of a lazy/torus/regular walk: uniform (default), "
-                        "a state, or K comma-separated probabilities")
-
-
-def add_deep_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("deeper and standard models (--model deep; rwinterp.deep)")
-    g.add_argument("--model", choices=["paper", "deep"], default="paper",
-                   help="paper: the paper's one-layer model (default); deep: rwinterp.deep.DeepTransformer "
-                        "(attending from the query slot, it builds only the query's row; causal attention holds "
-                        "[walks, N, d_model] activations, so keep d_model small there)")
-    g.add_argument("--preset", choices=["paper", "standard"], default=None,
-                   help="deep model starting point: paper (default; the paper's model as a DeepTransformer) or "
-                        "standard (learned added positions, factored QK, residual, causal, GPT-2 init, d_model 32; "
-                        "its logits need --loss xent); the options below override it")
-    g.add_argument("--layers", type=int, default=None, help="number of layers")
-    g.add_argument("--heads", type=int, default=None, help="heads per layer")
-    g.add_argument("--d-model", type=int, default=None, help="residual width (added positions)")
-    g.add_argument("--d-head", type=int, default=None, help="head width")
-    g.add_argument("--pos-mode", choices=["concat", "added"], default=None,
-                   help="positions concatenated (paper) or added")
-    g.add_argument("--token-embedding", choices=["onehot", "learned"], default=None,
-                   help="one-hot tokens (paper) or learned embeddings")
-    g.add_argument("--d-token", type=int, default=None, help="width of learned token embeddings (concat)")
-    g.add_argument("--key-query", choices=["merged", "factored"], default=None, help="merged W (paper) or W_Q, W_K")
-    g.add_argument("--attn-scale", type=float, default=None, help="scores are divided by this (paper: 1)")
-    g.add_argument("--values", choices=["tokens", "all"], default=None,
-                   help="values read the token coordinates (paper) or all of the residual stream")
-    g.add_argument("--readout", choices=["fixed", "learned"], default=None, help="fixed (paper) or learned W_O, W_U")
-    g.add_argument("--residual", action=argparse.BooleanOptionalAction, default=None,
-                   help="add block outputs to the residual stream (paper: no)")
-    g.add_argument("--attention", choices=["query", "causal"], default=None,
-                   help="attend from the query slot only (paper) or causally from every position")
-
-
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("training (defaults: the paper's Fig 4)")
-    g.add_argument("--lr", type=float, default=1.0, help="learning rate (default 1)")
-    g.add_argument("--eps", type=float, default=None, help="eps of the loss -log(f_y + eps) (default 0.1)")
-    g.add_argument("--steps", type=int, default=50, help="gradient steps (default 50)")
-    g.add_argument("--loss", choices=["log", "xent", "squared"], default="log", help="default: the paper's log")
-    g.add_argument("--optimizer", choices=["gd", "sgd", "adamw"], default="gd",
-                   help="gd: full-batch gradient descent (the paper's)")
-    g.add_argument("--batch-size", type=int, default=None, help="mini-batch size (sgd, adamw; default full batch)")
-    g.add_argument("--weight-decay", type=float, default=0.0,
-                   help="shrink the weights by lr * this each step (default 0; gd and sgd: coupled, adamw: decoupled)")
-    g.add_argument("--reduction", choices=["mean", "sum"], default="mean",
-                   help="the loss averaged (the paper's stated reading) or summed over the training samples")
-    g.add_argument("--n-train", type=int, default=None,
-                   help="training samples, walks or sentences (default 1000; not with --population)")
-    g.add_argument("--n-test", type=int, default=None, help="test samples (default 1000; not with --population)")
-    g.add_argument("--population", action="store_true",
-                   help="train and evaluate on the exact population of all samples (small N)")
-    g.add_argument("--seed", type=int, default=0, help="seeds initialisation and data (default 0)")
-    g.add_argument("--next-token", action="store_true",
-                   help="train on next-state prediction at every position (causal deep models)")
-
-
-@command("train", "train the paper's model (or a deeper one) on random walks on a circle (or other chains, or "
-                  "the paper's QA tasks)")
-def _train_command(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    add_model_arguments(parser)
-    add_task_arguments(parser)
-    add_deep_arguments(parser)
-    add_train_arguments(parser)
-    parser.add_argument("--out", default=None, help="save the run to this directory")
+def _configure_train(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("task")
+    g.add_argument("--task", choices=list(TASKS), default="circle",
+                   help="; ".join(f"{name}: {kind.help}" for name, kind in TASKS.items()) + " (default circle)")
+    params: dict[str, list[str]] = {}
+    for name, kind in TASKS.items():
+        for param, value in kind.params.items():
+            params.setdefault(param, []).append(
+                name if value is MISSING or value is None else f"{name} {value}")
+    for param, uses in params.items():
+        g.add_argument("--" + param.replace("_", "-"), dest=f"task_{param}", default=None, metavar=param.upper(),
+                       help=f"{TASK_PARAMETERS[param][1]} ({', '.join(uses)})".replace("%", "%%"))
+    g = parser.add_argument_group("model (rwinterp.config.DeepOptions, BridgeOptions)")
+    g.add_argument("--model", choices=MODELS, default="paper",
+                   help="paper: the paper's one-layer model (default); deep: the same model with every option open; "
+                        "bridge: a standard TransformerLens model (TransformerBridge)")
+    g.add_argument("--preset", choices=PRESETS, default=None,
+                   help="with --model deep, the starting point: paper (default) or standard (learned added positions, "
+                        "factored QK, residual stream, causal attention, GPT-2 init, d_model 32, trained with "
+                        "--loss xent --next-token); the options override it")
+    seen = {"--seed"}
+    add_config_options(g, [DeepOptions, BridgeOptions], skip=TASK_SKIP + ("seed",), seen=seen)
+    g = parser.add_argument_group("training (rwinterp.config.TrainConfig; defaults: the paper's Fig 4)")
+    g.add_argument("--seed", dest="seed", type=int, default=None,
+                   help="seeds the model's initialisation and the data (default 0)")
+    add_config_options(g, [TrainConfig], skip=("seed",), seen=seen,
+                       extra={"loss": "; xent for --model bridge and --preset standard",
+                              "next_token": "; on for --model bridge and --preset standard"})
+    parser.add_argument("--seeds", default=None, metavar="SEEDS",
+                        help="train one model per seed (0-19, 0,3,7 or 0-4,10), each with its own initialisation and "
+                             "data as --seed would draw them, in one batched computation; --out then holds a run "
+                             "per seed (OUT/seed-S) and their index (OUT/group.json)")
+    parser.add_argument("--out", default=None, help="save the run (with --seeds: the group of runs) to this directory")
+    parser.add_argument("--device", choices=DEVICES, default="cpu",
+                        help="where to train: cpu (default), cuda (a GPU; an error without one) or auto (the GPU if "
+                             "there is one); float32 (--dtype float32) is allowed on a GPU")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: 1 for a small model, else the cores not busy)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    return _train
 
 
-def _start(text: str | None, K: int) -> Any:
-    """``--start``: None (uniform), a state, or K probabilities."""
-    if text is None or text == "uniform":
-        return None
+def _task_params(args: argparse.Namespace) -> dict[str, Any]:
+    """The task's parameters from the command line (strings parsed to the types of the table's defaults)."""
+    kind = TASKS[args.task]
+    for param in {p for k in TASKS.values() for p in k.params}:
+        if getattr(args, f"task_{param}") is not None and param not in kind.params:
+            raise RwinterpError(f"--{param.replace('_', '-')} does not apply to --task {args.task}")
+    out = {}
+    for param, default in kind.params.items():
+        text = getattr(args, f"task_{param}")
+        if text is None:
+            require(default is not MISSING, f"--task {args.task} needs --{param.replace('_', '-')}")
+            out[param] = default
+        else:
+            out[param] = _parse_value(param, text)
+    return out
+
+
+def _parse_value(param: str, text: str) -> Any:
+    flag = "--" + param.replace("_", "-")
+    if param == "transition":
+        source = Path(text).read_text() if not text.lstrip().startswith("[") and Path(text).is_file() else text
+        try:
+            return json.loads(source)
+        except json.JSONDecodeError:
+            raise RwinterpError(f"{flag} must be JSON or the path of a JSON file, got {text!r}") from None
+    if param == "initial":
+        if text == "uniform":
+            return None
+        try:
+            values = json.loads(text) if text.lstrip().startswith("[") else [float(x) for x in text.split(",")]
+        except (ValueError, json.JSONDecodeError):
+            raise RwinterpError(f"{flag} must be 'uniform', a state or probabilities, got {text!r}") from None
+        require(all(isinstance(v, (int, float)) and math.isfinite(v) for v in values),
+                f"{flag} values must be finite numbers, got {text!r}")
+        return values  # a single state is turned into a distribution once K is known
+    kind = TASK_PARAMETERS[param][0]
     try:
-        values = [float(x) for x in text.split(",")]
+        value = kind(text)
     except ValueError:
-        raise RwinterpError(f"--start must be 'uniform', a state or {K} comma-separated probabilities, "
-                            f"got {text!r}") from None
-    if not all(math.isfinite(v) for v in values):
-        raise RwinterpError(f"--start values must be finite, got {text!r}")
-    if len(values) == 1:
-        state = int(values[0])
-        if state != values[0] or not 0 <= state < K:
-            raise RwinterpError(f"--start state must be an integer in [0, {K - 1}], got {text}")
-        values = [float(i == state) for i in range(K)]
-    return values
+        raise RwinterpError(f"{flag} must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+    require(kind is not float or math.isfinite(value), f"{flag} must be a finite number, got {text!r}")
+    return value
 
 
-def make_task(args: argparse.Namespace) -> Any:
-    """The task that ``rwinterp train`` options describe."""
-    from rwinterp.tasks import CircleWalk
-
-    for name in _OPTION_NAMES:
-        if getattr(args, name) is not None and name not in TASK_OPTIONS[args.task]:
-            raise RwinterpError(f"--{name.replace('_', '-')} does not apply to --task {args.task}")
-
-    def opt(name: str, default: Any) -> Any:
-        value = getattr(args, name)
-        return default if value is None else value
-
-    if args.task.startswith("qa-"):
-        from rwinterp.qa import QAMajority, QAOrder
-
-        return QAMajority() if args.task == "qa-majority" else QAOrder()
-    K, N, p = opt("K", 6), opt("N", 97), opt("p", 0.5)
-    if args.task == "circle":
-        return CircleWalk(K, p, N)
-    from rwinterp import chains
-
-    if args.task == "lazy":
-        return chains.LazyWalk(K, p, opt("stay", 0.5), N, _start(args.start, K))
-    if args.task == "torus":
-        if args.rows is None or args.cols is None:
-            raise RwinterpError("--task torus needs --rows and --cols")
-        if args.K is not None and args.K != args.rows * args.cols:
-            raise RwinterpError(f"a {args.rows} x {args.cols} torus has K = {args.rows * args.cols} states, "
-                                f"not {args.K}")
-        return chains.TorusWalk(args.rows, args.cols, N, opt("stay", 0.0),
-                                _start(args.start, args.rows * args.cols))
-    if args.task == "regular":
-        return chains.RegularGraphWalk(K, opt("degree", 3), N, opt("graph_seed", 0), opt("stay", 0.0),
-                                       _start(args.start, K))
-    if args.task == "persistent":
-        return chains.PersistentWalk(K, opt("q", 0.8), N)
-    return chains.RandomOrderChain(K, opt("order", 2), N, opt("concentration", 1.0), opt("chain_seed", 0))
-
-
-def _normalisation(args: argparse.Namespace) -> dict[str, Any]:
-    """The model-config fields of ``--normalize-tokens``, ``--keys-only`` and ``--token-norm``."""
-    if not args.normalize_tokens:
-        for flag, given in (("keys-only", args.keys_only), ("token-norm", args.token_norm is not None)):
-            if given:
-                raise RwinterpError(f"--{flag} needs --normalize-tokens")
-    return {"normalize_tokens": args.normalize_tokens, "normalize_query": not args.keys_only,
-            "token_norm": 1.0 if args.token_norm is None else args.token_norm}
-
-
-def make_model(args: argparse.Namespace, task: Any) -> Any:
-    """The model that ``rwinterp train`` options describe, sized for ``task``."""
-    if args.act_fn is not None and args.mlp_width is None:
-        raise RwinterpError("--act-fn needs --mlp-width")
-    if args.sigma is not None and args.init != "gaussian":
-        raise RwinterpError("--sigma needs --init gaussian")
-    for flag, value, deep_only in (("pe", args.pe, "learned"), ("init", args.init, "standard")):
-        if value == deep_only and args.model == "paper":
-            raise RwinterpError(f"--{flag} {value} needs --model deep")
-    act_fn = args.act_fn or "relu"
-    sigma = 0.01 if args.sigma is None else args.sigma
-    M = 1000 if args.M is None else args.M  # the paper's (its positions may ignore it: refused below)
-    deep = {field: getattr(args, name) for name, field in DEEP_OPTIONS.items() if getattr(args, name) is not None}
+def _model_options(args: argparse.Namespace, K: Optional[int], N: Optional[int]) -> tuple[str, dict[str, Any]]:
+    """The model kind and its options dict (checked), from the command line; K and N from the task."""
+    deep_given = given(args, DeepOptions, TASK_SKIP + ("seed",))
+    bridge_given = given(args, BridgeOptions, TASK_SKIP + ("seed",))
+    seed = {} if args.seed is None else {"seed": args.seed}
+    size = {k: v for k, v in (("n_states", K), ("n_ctx", N)) if v is not None}
+    require(args.preset is None or args.model == "deep", "--preset needs --model deep")
+    if args.model == "bridge":
+        extra = sorted(set(deep_given) - set(bridge_given))
+        if extra:
+            raise RwinterpError(f"--{_flag(DeepOptions, extra[0])} does not apply to --model bridge")
+        return "bridge", BridgeOptions(**{**size, **bridge_given, **seed}).to_dict()
+    extra = sorted(set(bridge_given) - set(deep_given))
+    if extra:
+        raise RwinterpError(f"--{_flag(BridgeOptions, extra[0])} needs --model bridge")
+    deep_only = [name for name in deep_given if name not in PAPER_FIELDS]
+    if args.model == "paper" and deep_only:
+        raise RwinterpError(f"--{_flag(DeepOptions, deep_only[0])} needs --model deep (the paper's model has one "
+                            "layer with one head)")
+    base = standard_options(deep_given.get("d_model", 32)) if args.preset == "standard" else {}
+    options = DeepOptions(**{**size, **base, **deep_given, **seed})
+    for name in deep_given:
+        other = unmet_need(options, name)
+        if other is not None:
+            need = next(f.metadata["needs"][1] for _, f in cli_options(DeepOptions) if f.name == name)
+            raise RwinterpError(f"--{_flag(DeepOptions, name)} needs --{_flag(DeepOptions, other)}"
+                                f"{'' if need is None else ' ' + str(need)}")
     if args.model == "paper":
-        given = [name for name in DEEP_OPTIONS if getattr(args, name) is not None]
-        if given or args.preset is not None:
-            flag = "preset" if args.preset is not None else given[0]
-            raise RwinterpError(f"--{flag.replace('_', '-')} needs --model deep")
-        from rwinterp.config import WalkTransformerConfig
-        from rwinterp.model import WalkTransformer
+        for name, value, allowed in (("pos_embedding", options.pos_embedding, ("orthogonal", "sine")),
+                                     ("init", options.init, ("zero", "gaussian"))):
+            if value not in allowed:
+                raise RwinterpError(f"--{_flag(DeepOptions, name)} {value} needs --model deep")
+    return "deep", options.to_dict()
 
-        return WalkTransformer(WalkTransformerConfig(
-            n_states=task.n_states, n_ctx=task.seq_len, pos_dim=M, pos_embedding=args.pe or "orthogonal",
-            init=args.init or "zero", init_sigma=sigma, mlp_width=args.mlp_width, act_fn=act_fn, seed=args.seed,
-            dtype=args.dtype, **_normalisation(args),
-        ))
-    from rwinterp.deep import DeepConfig, DeepTransformer
 
-    for name, value in (("pos_embedding", args.pe), ("init", args.init), ("mlp_width", args.mlp_width)):
-        if value is not None:
-            deep[name] = value
-    deep.update(init_sigma=sigma, act_fn=act_fn, seed=args.seed, dtype=args.dtype, **_normalisation(args))
-    if args.preset == "standard":
-        cfg = DeepConfig.standard(task.n_states, task.seq_len, deep.pop("d_model", 32), **deep)
-    else:
-        cfg = DeepConfig.paper(task.n_states, task.seq_len, M, **deep)
-    # Options the chosen positions would ignore are refused rather than dropped.
-    if cfg.pos_mode == "added":
-        for flag, given in (("M", args.M), ("d-token", args.d_token)):
-            if given is not None:
-                raise RwinterpError(f"--{flag} applies to concatenated positions; with added ones use --d-model")
-    elif args.d_model is not None:
-        raise RwinterpError("--d-model applies to added positions (--pos-mode added); concatenated ones give "
-                            "d_model = d_token + M")
-    return DeepTransformer(cfg)
+def _flag(cls: type, name: str) -> str:
+    return next(flag for flag, f in cli_options(cls) if f.name == name).lstrip("-")
+
+
+def _train_config(args: argparse.Namespace) -> TrainConfig:
+    values = given(args, TrainConfig, ("seed",))
+    needs_logits = args.model == "bridge" or args.preset == "standard"
+    base = dict(NEXT_TOKEN) if needs_logits else {}
+    if args.seed is not None:
+        values["seed"] = args.seed
+    config = TrainConfig(**{**base, **values})
+    if config.population:
+        for name in ("n_train", "n_test"):
+            require(name not in values, f"--{name.replace('_', '-')} does not apply to --population (it trains and "
+                                        "tests on the whole population)")
+    require("eps" not in values or config.loss == "log",
+            f"--eps applies to the paper's loss -log(f_y + eps) (--loss log), not to --loss {config.loss}")
+    return config
 
 
 def _train(args: argparse.Namespace) -> int:
     from rwinterp.atomic import check_target
-    from rwinterp.runs import RUN_FILES
-    from rwinterp.training import TrainConfig
 
+    require(args.threads is None or args.threads >= 1, f"--threads must be >= 1, got {args.threads}")
+    seeds = None
+    if args.seeds is not None:
+        require(args.seed is None, "--seed and --seeds do not go together: --seeds lists every seed to train")
+        seeds = parse_seeds(args.seeds)
+    train_config = _train_config(args)
+    params = _task_params(args)
+    # The model's options are checked now, before anything heavy loads, with the sizes the task will have where
+    # they are given; a task that fixes its own sizes (the QA tasks) has its model checked once it is built.
+    K = params.get("K", (params.get("rows") or 0) * (params.get("cols") or 0) or None)
+    N = params.get("N")
+    if K is not None and N is not None:
+        _model_options(args, K, N)
     if args.out is not None:  # refused now, not after the training
-        check_target(args.out, "run", RUN_FILES)
-    for flag, given in (("n-train", args.n_train), ("n-test", args.n_test)):
-        if args.population and given is not None:
-            raise RwinterpError(f"--{flag} does not apply to --population (it trains and tests on the whole "
-                                "population)")
-    if args.eps is not None and args.loss != "log":
-        raise RwinterpError(f"--eps applies to the paper's loss -log(f_y + eps) (--loss log), "
-                            f"not to --loss {args.loss}")
-    task = make_task(args)
-    train_cfg = TrainConfig(
-        lr=args.lr, steps=args.steps, loss=args.loss, optimizer=args.optimizer,
-        batch_size=args.batch_size, weight_decay=args.weight_decay, population=args.population, seed=args.seed,
-        next_token=args.next_token, reduction=args.reduction,
-        # (eps and the sizes, when given: TrainConfig's defaults are the paper's 0.1, 1000 and 1000)
-        **{k: v for k, v in (("eps", args.eps), ("n_train", args.n_train), ("n_test", args.n_test))
-           if v is not None},
-    )
-    if args.population:  # refuse before building the model
-        from rwinterp.tasks import check_population_size
+        from rwinterp.runs import GROUP_FILES, RUN_FILES
 
+        check_target(args.out, "run" if seeds is None else "seed group", RUN_FILES if seeds is None else GROUP_FILES)
+    from rwinterp.runs import build_model, save_run
+    from rwinterp.tasks import check_population_size, task_from_dict
+    from rwinterp.training import TrainingDiverged, check_memory, choose_threads, resolve_device, train
+
+    device = resolve_device(args.device)
+    if isinstance(params.get("initial"), list) and len(params["initial"]) == 1:  # a state
+        params["initial"] = _one_state(params["initial"][0], K)
+    task = task_from_dict({"kind": args.task, **params})
+    if train_config.population:  # refuse before building the model
         check_population_size(task.population_size())
-    from rwinterp.runs import save_run
-    from rwinterp.training import TrainingDiverged, train
-
-    model = make_model(args, task)
-    cfg = model.cfg
+    kind, options = _model_options(args, task.n_states, task.seq_len)
+    options = OPTIONS[kind].from_dict(options)
+    copies = 1 if seeds is None else len(seeds)
+    check_memory(options, task, train_config, device, copies)
+    set_threads(args.threads if args.threads is not None else choose_threads(options, task, train_config, copies))
+    if seeds is not None:
+        return _train_seeds(args, kind, options, task, train_config, seeds, device)
+    model = build_model(kind, options.to_dict(), device)
     try:
-        result = train(model, task, train_cfg, progress=False if args.no_progress or args.json else None)
+        result = train(model, task, train_config, progress=False if args.no_progress or args.json else None)
     except TrainingDiverged as exc:
         sys.stderr.write(f"rwinterp: error: {exc}\n")
         return 1
-    final = result.final
-    summary = {
-        "test_accuracy": final["test_accuracy"],
-        "train_accuracy": final["train_accuracy"],
-        "bayes_accuracy": result.bayes_accuracy,
-        "parent_attention": final["parent_attention"],
-        "v_distance": final["v_distance"],
-        "loss": final["loss"],
-        "train_seconds": result.train_seconds,
-    }
-    if "parent_attention_heads" in final:
-        summary["parent_attention_heads"] = final["parent_attention_heads"]
+    summary = run_summary(model, task, train_config, result)
     if args.out is not None:
-        save_run(args.out, model, task, train_cfg.to_dict(), result.history, summary)
-    V = None if model.V is None else model.V.detach().tolist()
+        save_run(args.out, model, task, train_config.to_dict(), result.history, summary, result.checkpoints)
     if args.json:
-        print_json({**summary, "V": V, "history": result.history, "task": task.to_dict(),
-                    "model_kind": args.model, "model": cfg.to_dict(), "train": train_cfg.to_dict(),
-                    "run": args.out})
+        V = getattr(model, "V", None)
+        print_json({**summary, "V": None if V is None else V.detach().tolist(), "history": result.history,
+                    "task": task.to_dict(), "model_kind": kind, "model": options.to_dict(),
+                    "train": train_config.to_dict(), "run": args.out})
         return 0
-    parents = ", ".join(str(p + 1) for p in task.parent_positions())
-    print(f"task        {task.describe()}   (population: {args.population})")
-    if args.model == "paper":
-        print(f"model       K={cfg.n_states} N={cfg.n_ctx} M={cfg.pos_dim} pe={cfg.pos_embedding}{cfg.mlp_label()} "
-              f"dtype={args.dtype} init={cfg.init_label()}")
-    else:
-        print(f"model       {cfg.describe()}")
-    eps = f" eps={train_cfg.eps}" if train_cfg.loss == "log" else ""
-    print(f"training    {train_cfg.optimizer} lr={train_cfg.lr}{eps} steps={train_cfg.steps} "
-          f"loss={train_cfg.loss}{' (summed)' if train_cfg.reduction == 'sum' else ''}"
-          f"{' next-token' if train_cfg.next_token else ''} ({result.train_seconds:.2f} s)")
-    # (a next-token model is scored here on the label alone; the probes score every position it predicts)
-    on_label = "  (on the label, the last position)" if train_cfg.next_token else ""
-    print(f"accuracy    test {summary['test_accuracy']:.4f}  train {summary['train_accuracy']:.4f}  "
-          f"Bayes {summary['bayes_accuracy']:.4f}{on_label}")
-    print(f"attention   mean on the parent(s) (position {parents}, 1-indexed): {summary['parent_attention']:.4f}")
-    for layer, heads in enumerate(summary.get("parent_attention_heads", [])):
-        print(f"   layer {layer}: " + "  ".join(f"head {h} {a:.4f}" for h, a in enumerate(heads)))
-    vd = summary["v_distance"]
-    if vd is not None:  # only the paper's model on a Markov chain has a V to compare with Pi^T
-        print(f"V vs Pi^T   ||V/||V|| - Pi^T/||Pi^T|| ||_F = {vd:.4f}")
-    if V is not None:
-        form = "f = V X S"
-        if args.model == "paper" and cfg.mlp_width is not None:
-            form = "f = A ReLU(V X S)" if cfg.act_fn == "relu" else "f = A V X S"
-        elif args.model == "deep" and (cfg.residual or cfg.readout == "learned" or cfg.values == "all"):
-            form = "the head's state-to-score map (W_E W_V W_O W_U)^T"
-        print(f"V ({form}{'; a trained V approaches Pi^T' if vd is not None else ''}):")
-        cell = "{:8.3f}" if max(abs(x) for row in V for x in row) < 1e4 else "{:10.3e}"  # fixed point while it fits
-        for row in V:
-            print("   " + " ".join(cell.format(x) for x in row))
+    for line in describe_run(model, task, train_config, summary):
+        print(line)
     if args.out is not None:
         print(f"saved run   {args.out}")
     return 0
 
 
-# ------------------------------------------------------------------------------------- entry
-#: Modules that register further sub-commands with :func:`command` (imported lazily, so they must
-#: keep heavy imports inside their handlers).
-COMMAND_MODULES = ("probes.cli", "experiments.cli")
+def _train_seeds(args: argparse.Namespace, kind: str, options: Any, task: Any, train_config: TrainConfig,
+                 seeds: list[int], device: Any) -> int:
+    """``train --seeds``: every seed's model (its own initialisation and data, as ``--seed S`` would draw them)
+    in one batched computation (:func:`train_seed_group`); with ``--out``, the group of runs."""
+    from rwinterp.runs import save_group, seed_run_name
+
+    members, seconds = train_seed_group(kind, options.to_dict(), task, train_config, seeds, device,
+                                        progress=False if args.no_progress or args.json else None)
+    for m in members:
+        if m.model is None:
+            sys.stderr.write(f"rwinterp: error: seed {m.seed}: {m.error}\n")
+    trained = [m for m in members if m.model is not None]
+    if args.out is not None and trained:
+        save_group(args.out, task, members)
+    status = 0 if len(trained) == len(members) else 1
+    if args.json:
+        runs = []
+        for m in members:
+            V = None if m.model is None else getattr(m.model, "V", None)
+            run = None if args.out is None or m.model is None else str(Path(args.out) / seed_run_name(m.seed))
+            runs.append({"seed": m.seed, **m.summary, "V": None if V is None else V.detach().tolist(),
+                         "history": m.history, "error": m.error, "run": run})
+        print_json({"seeds": seeds, "runs": runs, "task": task.to_dict(), "model_kind": kind,
+                    "model": {k: v for k, v in options.to_dict().items() if k != "seed"},
+                    "train": {k: v for k, v in train_config.to_dict().items() if k != "seed"},
+                    "train_seconds": seconds,
+                    "group": args.out if trained else None})
+        return status
+    if trained:
+        for line in describe_seeds(task, train_config, members, seconds, trained[0].model):
+            print(line)
+    if args.out is not None and trained:
+        print(f"saved group {args.out}  ({', '.join(seed_run_name(m.seed) for m in trained[:3])}"
+              f"{', ...' if len(trained) > 3 else ''} and group.json)")
+    return status
+
+
+def train_seed_group(kind: str, options: dict[str, Any], task: Any, config: TrainConfig, seeds: Sequence[int],
+                     device: Any = None, progress: Optional[bool] = None) -> tuple[list[Any], float]:
+    """Train one model of ``kind`` and ``options`` per seed in one batch (:func:`rwinterp.training.train_seeds`):
+    seed S sets both the model's seed and the training config's, as ``train --seed S`` does. Returns a
+    :class:`rwinterp.runs.GroupMember` per seed (with its summary, :func:`run_summary`; a seed whose loss
+    diverged has ``model=None`` and its ``error``), ready for :func:`rwinterp.runs.save_group`, and the seconds
+    the batch took."""
+    from rwinterp.runs import GroupMember, build_model
+    from rwinterp.training import train_seeds
+
+    models = [build_model(kind, {**options, "seed": seed}, device) for seed in seeds]
+    configs = [config.replace(seed=seed) for seed in seeds]
+    results = train_seeds(models, task, configs, progress=progress)
+    members = []
+    for seed, model, own, result in zip(seeds, models, configs, results):
+        if result.diverged is not None:
+            members.append(GroupMember(seed, None, own.to_dict(), error=result.diverged))
+        else:
+            members.append(GroupMember(seed, model, own.to_dict(), result.history,
+                                       run_summary(model, task, own, result), result.checkpoints))
+    return members, max(r.train_seconds for r in results)
+
+
+def describe_seeds(task: Any, config: TrainConfig, members: list[Any], seconds: float, model: Any) -> list[str]:
+    """The lines ``rwinterp train --seeds`` prints: the setting, then a row per seed and their mean."""
+    trained = [m for m in members if m.model is not None]
+    eps = f" eps={config.eps}" if config.loss == "log" else ""
+    batch = "" if config.batch_size is None else f" batch={config.batch_size}"
+    lines = [f"task        {task.describe()}   (population: {config.population})",
+             f"model       {_describe_model(model)}",
+             f"seeds       {_seed_list([m.seed for m in members])}: each its own initialisation and data (the "
+             "model's seed and the training seed)",
+             f"training    {config.optimizer} lr={config.lr}{eps}{batch} steps={config.steps} loss={config.loss}"
+             f"{' (summed)' if config.reduction == 'sum' else ''}{' next-token' if config.next_token else ''}"
+             f" ({len(members)} seeds in one batch: {seconds:.2f} s)",
+             f"Bayes       {trained[0].summary['bayes_accuracy']:.4f}"]
+    columns = [("test acc", "test_accuracy"), ("train acc", "train_accuracy"), ("parent att", "parent_attention"),
+               ("V vs Pi^T", "v_distance"), ("test loss", "test_loss")]
+    columns = [(title, key) for title, key in columns if any(m.summary.get(key) is not None for m in trained)]
+    lines.append("seed    " + "".join(f"{title:>11}" for title, _ in columns))
+    for m in members:
+        if m.model is None:
+            lines.append(f"{m.seed:<8d}diverged: {m.error}")
+        else:
+            lines.append(f"{m.seed:<8d}" + "".join(_cell(m.summary.get(key)) for _, key in columns))
+    if len(trained) > 1:
+        means = []
+        for _, key in columns:
+            values = [m.summary[key] for m in trained if m.summary.get(key) is not None]
+            means.append(sum(values) / len(values) if values else None)
+        lines.append("mean    " + "".join(_cell(v) for v in means))
+    return lines
+
+
+def _seed_list(seeds: list[int]) -> str:
+    """``0-19`` for a run of consecutive seeds, else the seeds (the first 8)."""
+    if seeds == list(range(seeds[0], seeds[0] + len(seeds))) and len(seeds) > 2:
+        return f"{seeds[0]}-{seeds[-1]} ({len(seeds)})"
+    return ", ".join(map(str, seeds[:8])) + (f", ... ({len(seeds)})" if len(seeds) > 8 else "")
+
+
+def _cell(value: Any) -> str:
+    return f"{'-':>11}" if value is None else f"{value:11.4f}"
+
+
+def set_threads(threads: int) -> None:
+    """Set torch's intra-op threads (``--threads``)."""
+    import torch
+
+    require(isinstance(threads, int) and threads >= 1, f"--threads must be >= 1, got {threads}")
+    torch.set_num_threads(threads)
+
+
+def _one_state(value: float, K: Optional[int]) -> list[float]:
+    state = int(value)
+    require(K is not None and state == value and 0 <= state < K,
+            f"--initial state must be an integer in [0, {(K or 1) - 1}], got {value:g}")
+    return [float(i == state) for i in range(K)]
+
+
+def run_summary(model: Any, task: Any, config: TrainConfig, result: Any) -> dict[str, Any]:
+    """What ``train`` prints and a run saves as its summary: the final record, the Bayes accuracy, the
+    training time and, for tasks that have them, the reference predictors' test losses."""
+    from rwinterp.training import held_out_data, reads_states
+
+    final = result.final
+    summary = {key: final[key] for key in ("test_accuracy", "train_accuracy", "parent_attention", "v_distance",
+                                           "loss", "test_loss") if key in final}
+    summary.update(bayes_accuracy=result.bayes_accuracy, train_seconds=result.train_seconds,
+                   final_step=final["step"])
+    if "parent_attention_heads" in final:
+        summary["parent_attention_heads"] = final["parent_attention_heads"]
+    references = getattr(task, "reference_losses", None)
+    if callable(references):
+        test = held_out_data(task, config)
+        summary["reference_losses"] = references(test.states)
+    summary["reads"] = "states" if reads_states(model, task) else "tokens"
+    return summary
+
+
+def describe_run(model: Any, task: Any, config: TrainConfig, summary: dict[str, Any]) -> list[str]:
+    """The lines ``rwinterp train`` prints."""
+    N = task.seq_len
+    reads_states = summary["reads"] == "states"
+    lines = [f"task        {task.describe()}   (population: {config.population})",
+             f"model       {_describe_model(model)}"]
+    eps = f" eps={config.eps}" if config.loss == "log" else ""
+    batch = "" if config.batch_size is None else f" batch={config.batch_size}"
+    lines.append(f"training    {config.optimizer} lr={config.lr}{eps}{batch} steps={config.steps} loss={config.loss}"
+                 f"{' (summed)' if config.reduction == 'sum' else ''}{' next-token' if config.next_token else ''}"
+                 f" ({summary['train_seconds']:.2f} s)")
+    on_label = f"  (of s_{N}, predicted at position {N - 1 if reads_states else N})" if config.next_token else ""
+    lines.append(f"accuracy    test {summary['test_accuracy']:.4f}  train {summary['train_accuracy']:.4f}  "
+                 f"Bayes {summary['bayes_accuracy']:.4f}{on_label}")
+    refs = summary.get("reference_losses")
+    if refs:
+        lines.append(f"test loss   {summary['test_loss']:.4f}   references: " + "  ".join(
+            f"{name} {value:.4f}" for name, value in refs.items()))
+        if "unigram" in refs and "bigram" in refs and refs["unigram"] > refs["bigram"]:
+            gap = (summary["test_loss"] - refs["bigram"]) / (refs["unigram"] - refs["bigram"])
+            lines.append(f"            {gap:.2f} of the unigram-to-bigram gap above the bigram loss")
+    parents = ", ".join(str(p + 1) for p in task.parent_positions())
+    row = f"position {N - 1}" if reads_states else f"the query slot (position {N})"
+    lines.append(f"attention   layer 0 head 0, from {row}, on the parent(s) (position {parents}, 1-indexed): "
+                 f"{summary['parent_attention']:.4f}")
+    for layer, heads in enumerate(summary.get("parent_attention_heads", [])):
+        lines.append(f"   layer {layer}: " + "  ".join(f"head {h} {a:.4f}" for h, a in enumerate(heads)))
+    if summary.get("v_distance") is not None:  # a V to compare with Pi^T
+        lines.append(f"V vs Pi^T   ||V/||V|| - Pi^T/||Pi^T|| ||_F = {summary['v_distance']:.4f}")
+    V = getattr(model, "V", None)
+    if V is not None:
+        cfg = model.cfg
+        form = "f = V X S"
+        if cfg.mlp_width is not None:
+            form = "f = A ReLU(V X S)" if cfg.act_fn == "relu" else "f = A V X S"
+        elif cfg.residual or cfg.readout == "learned" or cfg.values == "all":
+            form = "the head's state-to-score map (W_E W_V W_O W_U)^T"
+        lines.append(f"V ({form}{'; a trained V approaches Pi^T' if summary.get('v_distance') is not None else ''}"
+                     f"; rows and columns are states 1..{V.shape[1]}):")
+        rows = V.detach().tolist()
+        cell = "{:8.3f}" if max(abs(x) for row in rows for x in row) < 1e4 else "{:10.3e}"
+        lines += ["   " + " ".join(cell.format(x) for x in row) for row in rows]
+    return lines
+
+
+def _describe_model(model: Any) -> str:
+    options = getattr(model, "rwinterp_options", None) or model.cfg
+    return options.describe()
+
+
+TRAIN = Command("train", "train a model (the paper's, a deeper one, or a TransformerLens bridge) on a task and save "
+                         "the run", _configure_train, _train)
+
+
+# ---------------------------------------------------------------------------------------- entry
+def commands() -> dict[str, Command]:
+    """The sub-commands installed as ``rwinterp.commands`` entry points (``train`` always)."""
+    from importlib.metadata import entry_points
+
+    found = {"train": TRAIN}
+    for point in entry_points(group=ENTRY_POINTS):
+        if point.name not in found:
+            command = point.load()
+            require(isinstance(command, Command), f"the entry point {point.value} is not an rwinterp.cli.Command")
+            found[point.name] = command
+    return found
 
 
 def _version() -> str:
@@ -419,75 +526,48 @@ def _version() -> str:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    import importlib
-
-    for module in COMMAND_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-    parser = _Parser(prog="rwinterp", description=__doc__.splitlines()[0].replace("``", ""))
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = Parser(prog="rwinterp", description="Train small transformers on Markov chains and probe how they "
+                                                 "implement them.")
     parser.add_argument("--version", action="version", version=f"rwinterp {_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    handlers, parsers = {}, {}
-    for name, configure in COMMANDS.items():
-        parsers[name] = sub.add_parser(name, help=configure.help, description=configure.help)
-        handlers[name] = configure(parsers[name])
-    parser.set_defaults(_handlers=handlers, _parsers=parsers)
-    return parser
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    parsers = {}
+    for name, command in commands().items():
+        parsers[name] = sub.add_parser(name, help=command.help, description=command.help)
+        command.configure(parsers[name])
+    return parser, parsers
 
 
-def _limit_memory() -> Callable[[], None]:
-    """Cap the address space of this process (and of the workers it starts) at its present size plus the
-    memory the machine has free, so that sizes too large for it fail with a MemoryError, reported in one
-    line, instead of filling the machine until the kernel kills the process without a word. (Address
-    space that libraries reserve without using counts too: torch and TransformerLens take 1.6 GiB of it
-    and little memory.) Returns what undoes it."""
-    try:
-        import resource
+class Terminated(BaseException):
+    """SIGTERM while a command runs: unwound like Ctrl-C, so that what it was writing is removed."""
 
-        info = dict(line.split(":", 1) for line in open("/proc/meminfo"))
-        free = sum(int(info[k].split()[0]) << 10 for k in ("MemAvailable", "SwapFree"))
-        size = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) << 10
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        limit = size + free
-        if hard != resource.RLIM_INFINITY:
-            limit = min(limit, hard)
-        if soft != resource.RLIM_INFINITY and soft <= limit:
-            return lambda: None
-        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-        return lambda: resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-    except (ImportError, OSError, KeyError, ValueError, StopIteration):  # not Linux: no cap
-        return lambda: None
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    restore = stopping.install()
-    unlimit = _limit_memory()
+    parser, parsers = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command is None:
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.print_help()
+        return 2
+    if extra:  # reported by the sub-command, whose --help is the one to read
+        parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    # SIGTERM unwinds like Ctrl-C (Python's own SIGINT handling, which a program started with Ctrl-C ignored
+    # leaves ignored); a handler someone else installed is left alone.
+    restore = signal.getsignal(signal.SIGTERM)
+    if restore == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
     try:
-        parser = build_parser()
-        args, extra = parser.parse_known_args(argv)
-        if args.command is None:
-            if extra:
-                parser.error(f"unrecognized arguments: {' '.join(extra)}")
-            parser.print_help()
-            return 2
-        if extra:  # reported by the sub-command, whose --help is the one to read
-            args._parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
-        _import_numerics()
-        status = args._handlers[args.command](args)
-        stopping.check()  # a stop whose exception a finaliser swallowed still ends the command as a stop
-        return status
-    except stopping.Terminated:
-        sys.stderr.write("rwinterp: terminated\n")
-        return 128 + signal.SIGTERM
+        return commands()[args.command].run(args)
     except RwinterpError as exc:
         sys.stderr.write(f"rwinterp: error: {exc}\n")
         return 2
     except (MemoryError, RuntimeError) as exc:
-        too_large = ("allocate", "size calculation overflow")
+        too_large = ("allocate", "size calculation overflow", "out of memory")
         if not isinstance(exc, MemoryError) and not any(s in str(exc) for s in too_large):
             raise
         sys.stderr.write("rwinterp: error: not enough memory for the sizes asked for "
@@ -504,21 +584,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("rwinterp: interrupted\n")
         return 130
+    except Terminated:
+        sys.stderr.write("rwinterp: terminated\n")
+        return 128 + signal.SIGTERM
     finally:
-        unlimit()
-        restore()
-
-
-def _import_numerics() -> None:
-    """Import numpy and torch (every command needs them) with Ctrl-C and SIGTERM held back until they
-    are loaded (:func:`rwinterp.stopping.held`)."""
-    with stopping.held():
-        import numpy  # noqa: F401
-        import torch  # noqa: F401
+        if restore == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 if __name__ == "__main__":
-    # Sub-command modules register into ``rwinterp.cli``, not into ``__main__``.
+    # Commands are found as rwinterp.cli.Command objects: run the module's own copy, not this one.
     from rwinterp.cli import main as _main
 
     raise SystemExit(_main())

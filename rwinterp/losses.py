@@ -16,9 +16,8 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from rwinterp.config import LOSSES
 from rwinterp.errors import require
-
-LOSSES = ("log", "xent", "squared")
 
 
 def per_sample_loss(

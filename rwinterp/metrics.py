@@ -10,7 +10,18 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from rwinterp.losses import average
-from rwinterp.model import predict
+
+
+def predict(scores: Float[Tensor, "... K"]) -> Int[Tensor, "..."]:
+    """The paper's prediction: the smallest index among the maximisers of the scores.
+
+    Scores within a relative tolerance (64 machine epsilons of the row's largest magnitude) of the
+    maximum count as ties, so floating-point round-off does not decide between equal scores.
+    """
+    tol = 64 * torch.finfo(scores.dtype).eps * scores.abs().amax(dim=-1, keepdim=True)
+    top = scores.amax(dim=-1, keepdim=True)
+    is_max = scores >= top - tol
+    return is_max.to(torch.int8).argmax(dim=-1)
 
 
 def accuracy(
@@ -19,8 +30,17 @@ def accuracy(
     weights: Float[Tensor, " batch"] | None = None,
 ) -> float:
     """Share of samples whose prediction (smallest maximiser, see ``predict``) is the label."""
+    return float(accuracy_tensor(scores, labels, weights))
+
+
+def accuracy_tensor(
+    scores: Float[Tensor, "batch K"],
+    labels: Int[Tensor, " batch"],
+    weights: Float[Tensor, " batch"] | None = None,
+) -> Float[Tensor, ""]:
+    """:func:`accuracy` as a float64 tensor on the scores' device (read many at once, with one transfer)."""
     hits = (predict(scores) == labels).to(torch.float64)
-    return float(average(hits, weights))
+    return average(hits, weights)
 
 
 def parent_attention(
@@ -29,8 +49,17 @@ def parent_attention(
     weights: Float[Tensor, " batch"] | None = None,
 ) -> float:
     """Mean total attention that the query slot puts on the parent position(s)."""
+    return float(parent_attention_tensor(pattern, parents, weights))
+
+
+def parent_attention_tensor(
+    pattern: Float[Tensor, "batch pos"],
+    parents: Sequence[int],
+    weights: Float[Tensor, " batch"] | None = None,
+) -> Float[Tensor, ""]:
+    """:func:`parent_attention` as a float64 tensor on the pattern's device."""
     on_parent = pattern[:, list(parents)].sum(-1).to(torch.float64)
-    return float(average(on_parent, weights))
+    return average(on_parent, weights)
 
 
 def exact_scale(x: Tensor) -> float:
@@ -52,5 +81,5 @@ def transition_distance(V: Float[Tensor, "K K"], Pi: Float[Tensor, "K K"]) -> fl
     V = V.detach().to(torch.float64)
     if not bool((V != 0).any()):
         return math.nan
-    Pi_T = Pi.to(torch.float64).T
+    Pi_T = Pi.to(V.device, torch.float64).T
     return float((normalized(V) - normalized(Pi_T)).norm())

@@ -1,80 +1,197 @@
-"""The paper's one-layer transformer as a TransformerLens hooked model.
+"""rwinterp's transformer: any number of layers and heads, of which the paper's model is one configuration.
 
-The model (PAPER.md section 2) reads N tokens, the last one the query slot, and outputs raw scores
+The paper's model (``docs/model.md``) reads N tokens, the last one the query slot, and outputs raw scores
 
-    f(X) = V X softmax(X~^T W x~_N)                    (attention-only)
-    f(X) = A ReLU(V X softmax(X~^T W x~_N))            (FC+ReLU variant, ``mlp_width = m``)
-    f(X) = A V X softmax(X~^T W x~_N)                  (the same without its ReLU, ``act_fn = "linear"``)
+    f(X) = V X softmax(X~^T W x~_N)                    (attention only)
+    f(X) = A act(V X softmax(X~^T W x~_N))             (with an FC layer of width m; act = ReLU or none)
 
-where ``x~_i = [x_i; p_i]`` concatenates the one-hot token ``x_i`` (zero for the query) with a
-fixed positional embedding ``p_i`` of squared norm M/2, the softmax runs over all N positions with
-no 1/sqrt(d) scaling, and values see only the token part. There is no residual connection into the
-output and no output softmax: ``logits`` are the paper's raw scores ``f``.
+where ``x~_i = [x_i; p_i]`` concatenates the one-hot token ``x_i`` (zero for the query) with a fixed
+positional embedding ``p_i`` of squared norm M/2, the softmax runs over all N positions with no
+1/sqrt(d) scaling, values see only the token part, there is no residual stream and no output softmax.
+Each of these choices is an option of :class:`DeepConfig` (see :class:`rwinterp.config.DeepOptions`),
+so a variant is a configuration, not a copy:
 
-How it maps onto TransformerLens
---------------------------------
-``d_model = K + M`` (token coordinates first), ``d_vocab = K + 1`` (the query token is ``K`` and
-embeds to zero), ``d_vocab_out = K``, one layer, one head. Hook names follow HookedTransformer:
+====================  ======================================  ======================================
+option                the paper                               alternatives
+====================  ======================================  ======================================
+``n_layers``          1                                       any
+``n_heads``           1 (head outputs are summed)             any
+``pos_mode``          ``concat``: ``x~_i = [x_i; p_i]``       ``added``: ``x_i + p_i`` in d_model dims
+``pos_embedding``     ``orthogonal`` or ``sine`` (fixed,      ``learned``
+                      squared norm = M / 2)
+``token_embedding``   ``onehot`` (query token -> 0)           ``learned``
+``key_query``         ``merged``: score = ``x_k^T W x_q``      ``factored``: ``(x_q W_Q) . (x_k W_K)``
+``attn_scale``        1 (no 1/sqrt(d) scaling)                e.g. ``sqrt(d_head)``
+``values``            ``tokens``: W_V reads token coords      ``all`` coordinates
+``readout``           ``fixed``: W_O writes the first d_head  ``learned`` W_O and W_U (and MLP W_in)
+                      coords, W_U reads the first K, an FC
+                      layer reads the first m and writes K
+``residual``          off: a block's output replaces its      on: added to it
+                      input
+``attention``         ``query``: only the last position       ``causal``: every position attends to
+                      attends (and only it is updated)        itself and earlier ones
+``mlp_width``         none (the FC variant: m = 19)           an FC layer per block
+``init``              ``zero``                                ``gaussian`` (sigma), ``standard``
+====================  ======================================  ======================================
 
-===============================  ================================  =================================
-hook                             shape                             content
-===============================  ================================  =================================
-``hook_embed``                   ``[batch, pos, d_model]``         ``[x_i; 0]``
-``hook_pos_embed``               ``[batch, pos, d_model]``         ``[0; p_i]``
-``blocks.0.hook_resid_pre``      ``[batch, pos, d_model]``         ``x~_i``
-``blocks.0.attn.hook_v``         ``[batch, pos, 1, d_head]``       ``V x_i`` (zero for the query)
-``blocks.0.attn.hook_attn_scores`` ``[batch, 1, 1, pos]``          pre-softmax ``x~_i^T W x~_N``
-``blocks.0.attn.hook_pattern``   ``[batch, 1, 1, pos]``            the softmax
-``blocks.0.attn.hook_z``         ``[batch, 1, 1, d_head]``         ``V X softmax(...)``
-``blocks.0.hook_attn_out``       ``[batch, 1, d_model]``           ``z W_O``
-``blocks.0.hook_resid_mid``      ``[batch, 1, d_model]``           (FC+ReLU variant only)
-``blocks.0.mlp.hook_pre/post``   ``[batch, 1, m]``                 ``V X S`` and its ReLU
-``blocks.0.hook_mlp_out``        ``[batch, 1, d_model]``           (FC+ReLU variant only)
-``blocks.0.hook_resid_post``     ``[batch, 1, d_model]``           the block output (no residual)
-===============================  ================================  =================================
+:meth:`DeepConfig.paper` and :meth:`DeepConfig.standard` give the two ends.
 
-**The query dimension holds only the query position.** The paper's model attends from the query
-slot alone, so attention, ``z`` and everything after it have a query/position axis of length one
-(the last position); patching functions that index ``z`` or ``attn_out`` by position must use
-position 0 of that axis. Logits are ``[batch, 1, K]``.
+The forward pass
+----------------
+``resid = W_E[tokens] + W_pos`` (in ``concat`` mode W_E and W_pos live in disjoint coordinates, so the
+sum is the concatenation). Each block computes, per head, scores from the (optionally unit normalised)
+residual stream, a softmax over key positions (causal mask, or the query slot's row only), ``z = pattern
+@ (resid W_V)`` and ``attn_out = sum_h z_h W_O[h]``; the rows being updated (the last one in ``query``
+mode, all in ``causal`` mode) become ``resid + attn_out`` (``attn_out`` without the residual stream),
+then likewise with the MLP. Logits are ``resid @ W_U`` on the updated rows: ``[batch, 1, K]`` in
+``query`` mode, ``[batch, N, K]`` in ``causal`` mode (position t predicts the next state). There is no
+normalisation layer and no bias: logits are raw scores, as in the paper.
 
-Structure used for speed
-------------------------
-The query ``x~_N = [0; p_N]`` is the same for every sample, so only ``u = W x~_N`` enters the forward
-pass and every gradient of W is an outer product ``g x~_N^T``. The model therefore stores ``u``
-(``blocks.0.attn.u``) and never materialises the ``(K+M) x (K+M)`` matrix W during training; plain
-gradient descent on W is gradient descent on ``u`` with the learning rate scaled by
-``||x~_N||^2`` (see :meth:`WalkTransformer.u_lr_scale`; Adam and weight decay in
-:func:`rwinterp.training._optimizer`). The paper's W is available as :attr:`WalkTransformer.W`
-(rebuilt exactly from ``u`` and the stored initial W). When no hook is
-attached to the embeddings or ``resid_pre``, the forward pass computes attention scores from the
-tokens directly (``u_tok[x_i] + p_i . u_pos``) without building ``[batch, pos, d_model]`` tensors.
-A hook there that edits the query slot's row is followed: the scores then use ``W`` on the edited
-query (:meth:`WalkTransformer._query_edit`), as :func:`rwinterp.deep.from_walk_transformer`'s
-model, which builds W, does.
+Two paths that compute the same function faster
+-----------------------------------------------
+* **The rank-one query** (the paper's configuration, ``rank_one_query``): when one layer attends from
+  the query slot and the embeddings are fixed, the query ``x~_N = [0; p_N]`` is the same for every
+  sample, so only ``u = W x~_N`` enters the forward pass and every gradient of W is an outer product
+  ``g x~_N^T``. The model then stores ``u`` (``blocks.0.attn.u``) and never materialises the
+  ``(K+M) x (K+M)`` matrix W: gradient descent on W is gradient descent on u with the learning rate
+  scaled by ``||x~_N||^2`` (:meth:`DeepTransformer.param_groups`). The full W is
+  :attr:`DeepTransformer.W`, rebuilt exactly from u and the stored initial W. Attention scores come
+  from the tokens (``u_tok[x_i] + p_i . u_pos``) and values from token counts, without any
+  ``[batch, pos, d_model]`` tensor, unless a hook asks for one; a hook that edits the query slot's row
+  is followed (the scores then use W on the edited query).
+* **Fixed rows** (any ``query``-mode model): the rows other than the query slot never change, so unless
+  a hook asks for a tensor that holds them the model builds only the query slot's row and reads the
+  others through ``[batch, heads, pos]`` tables (:class:`FixedRows`).
+
+Both give the outputs and gradients of the dense computation to round-off (``tests/test_model.py``),
+and the sums whose round-off would break the exact symmetry of the deterministic walk are done by
+:class:`SymmetricReadout` and :class:`QueryProjection`.
+
+Hooks (HookedTransformer names; Q = 1 in ``query`` mode, N in ``causal`` mode)
+------------------------------------------------------------------------------
+==================================  ===========================  =====================================
+hook                                shape                        content
+==================================  ===========================  =====================================
+``hook_embed``, ``hook_pos_embed``  ``[batch, pos, d_model]``    ``W_E[tokens]``, ``W_pos``
+``blocks.L.hook_resid_pre``         ``[batch, pos, d_model]``    residual stream into block L
+``blocks.L.attn.hook_q``            ``[batch, Q, H, d_qk]``      ``x_q W_Q`` (merged: ``W x_q``)
+``blocks.L.attn.hook_k``            ``[batch, pos, H, d_qk]``    ``x_k W_K`` (merged: ``x_k``)
+``blocks.L.attn.hook_v``            ``[batch, pos, H, d_head]``  ``resid W_V``
+``blocks.L.attn.hook_attn_scores``  ``[batch, H, Q, pos]``       PRE-softmax scores (-inf masked)
+``blocks.L.attn.hook_pattern``      ``[batch, H, Q, pos]``       softmax
+``blocks.L.attn.hook_z``            ``[batch, Q, H, d_head]``    ``pattern @ v``
+``blocks.L.hook_attn_out``          ``[batch, Q, d_model]``      ``sum_h z_h W_O[h]``
+``blocks.L.hook_resid_mid``         ``[batch, rows, d_model]``   (with an MLP) after attention
+``blocks.L.mlp.hook_pre/hook_post`` ``[batch, Q, d_mlp]``        ``resid W_in`` and its activation
+``blocks.L.hook_mlp_out``           ``[batch, Q, d_model]``      ``post W_out``
+``blocks.L.hook_resid_post``        ``[batch, rows, d_model]``   residual stream out of block L
+==================================  ===========================  =====================================
+
+``rows`` is ``pos``, except with the rank-one query, where the block output holds the query slot's row
+alone (``[batch, 1, d_model]``). ``x_q``/``x_k`` are the residual rows divided by their norm (times
+``token_norm``) when ``normalize_tokens`` is set (``normalize_query = False`` normalises the keys only).
+With ``key_query = "merged"``, ``W_Q = W^T`` and ``W_K = I`` (``d_qk = d_model``), so ``W_Q W_K^T = W^T``
+as TransformerLens expects (``score = q . k``); with the rank-one query the key-query circuit is the
+rank-one ``W_Q = x~_N / ||x~_N||^2``, ``W_K = u`` (``d_qk = 1``): ``hook_q`` holds ones and ``hook_k``
+the keys ``x~_i . u``, formed only when hooked.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from typing import Any, Optional
 
+import einops
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens.ActivationCache import ActivationCache
+from transformer_lens.config import TransformerLensConfig
 from transformer_lens.FactoredMatrix import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from rwinterp.config import WalkTransformerConfig, resolve_dtype
+from rwinterp.config import DeepOptions
 from rwinterp.errors import RwinterpError, require
-from rwinterp.runs import ModelKind, register_model_kind
+from rwinterp.runs import register_model_kind
 
-#: Largest d_model for which a Gaussian-initialised model keeps its full initial W (float entries).
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+#: Largest d_model x d_model for which a Gaussian-initialised rank-one model keeps its full initial W.
 MAX_STORED_W = 1 << 22
+
+
+def resolve_dtype(dtype: "str | torch.dtype") -> torch.dtype:
+    """A supported torch dtype from its name or itself; anything else is a one-line error."""
+    if isinstance(dtype, str):
+        require(dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        return DTYPES[dtype]
+    require(dtype in DTYPES.values(), f"unsupported dtype {dtype}; use float32 or float64")
+    return dtype
+
+
+@dataclass
+class DeepConfig(DeepOptions, TransformerLensConfig):
+    """A :class:`rwinterp.config.DeepOptions` with the fields TransformerLens derives from it (``d_model``,
+    ``d_head``, ``d_vocab = K + 1`` with the query token, ``d_vocab_out = K``, ...), so that the model
+    satisfies TransformerLens' model protocol. Build it like the options: ``DeepConfig.paper(K, N, M)``,
+    ``DeepConfig.standard(K, N, d_model)`` or ``DeepConfig(**fields)``."""
+
+    device: Optional[str] = "cpu"
+    normalization_type: Optional[str] = None
+    positional_embedding_type: str = "concatenated"
+    default_prepend_bos: bool = False
+
+    def __post_init__(self) -> None:
+        self.dtype = resolve_dtype(self.dtype)
+        self.validate()
+        self.d_token = self.token_width
+        self.d_head = self.head_width
+        self.d_model = self.width
+        if self.pos_mode == "added":
+            self.pos_dim = self.d_model
+            self.positional_embedding_type = "standard"
+        self.d_mlp = self.mlp_width
+        self.attn_only = self.mlp_width is None
+        self.d_vocab = self.n_states + 1
+        self.d_vocab_out = self.n_states
+        TransformerLensConfig.__post_init__(self)
+
+    @property
+    def d_qk(self) -> int:
+        """Width of queries and keys: 1 with the rank-one query, d_model for a merged W, d_head factored."""
+        if self.rank_one:
+            return 1
+        return self.d_model if self.key_query == "merged" else self.d_head
+
+    @property
+    def d_value_in(self) -> int:
+        """Residual coordinates that values read: the token part (the paper's) or all of them."""
+        return self.d_token if self.values == "tokens" else self.d_model
+
+    @property
+    def rank_one(self) -> bool:
+        """Whether the model keeps only ``u = W x~_N`` of its key-query matrix (see the module docstring): the
+        paper's configuration, whose one layer attends from a query slot whose row never changes."""
+        return (self.rank_one_query and self.n_layers == 1 and self.n_heads == 1 and self.attention == "query"
+                and self.key_query == "merged" and self.token_embedding == "onehot" and self.pos_mode == "concat"
+                and self.pos_embedding != "learned" and self.values == "tokens" and self.readout == "fixed"
+                and not self.residual and self.attn_scale == 1)
+
+    @property
+    def activation(self) -> Any:
+        """The FC layer's activation: ReLU, or none (``linear``)."""
+        return torch.relu if self.act_fn == "relu" else identity
+
+
+def identity(x: Tensor) -> Tensor:
+    """The ``linear`` activation."""
+    return x
+
+
+# ---------------------------------------------------------------------------------------- building blocks
 
 
 def positional_embeddings(kind: str, N: int, M: int) -> Float[Tensor, "N M"]:
@@ -95,16 +212,31 @@ def positional_embeddings(kind: str, N: int, M: int) -> Float[Tensor, "N M"]:
     raise RwinterpError(f"unknown positional embedding {kind!r}")
 
 
-def predict(scores: Float[Tensor, "... K"]) -> Int[Tensor, "..."]:
-    """The paper's prediction: the smallest index among the maximisers of the scores.
+def _inner_sum(a: Tensor, b: Tensor) -> Tensor:
+    """``(a * b).sum(-1)`` with the product laid out contiguously, so the sum is a row reduction."""
+    return (a.contiguous() * b.contiguous()).contiguous().sum(-1)
 
-    Scores within a relative tolerance (64 machine epsilons of the row's largest magnitude) of the
-    maximum count as ties, so floating-point round-off does not decide between equal scores.
-    """
-    tol = 64 * torch.finfo(scores.dtype).eps * scores.abs().amax(dim=-1, keepdim=True)
-    top = scores.amax(dim=-1, keepdim=True)
-    is_max = scores >= top - tol
-    return is_max.to(torch.int8).argmax(dim=-1)
+
+def _batch_first(info: Any, in_dims: tuple, *args: Any) -> list[Any]:
+    """The arguments of a ``vmap`` rule with the vmapped dimension first: moved there, or (for a tensor that
+    is not batched) added by expansion; other arguments as they are. Batched tensors are made contiguous: a
+    batched result often comes out with the batch dimension innermost (a matmul with a stacked vector), and
+    kernels that read such a tensor across its rows run several times slower."""
+    out = []
+    for arg, dim in zip(args, in_dims):
+        if not isinstance(arg, Tensor):
+            out.append(arg)
+        elif dim is None:
+            out.append(arg.expand(info.batch_size, *arg.shape))
+        else:
+            out.append(arg.movedim(dim, 0).contiguous())
+    return out
+
+
+# The Functions below take any number of leading dimensions (a stack of independent models, one per
+# seed: see :func:`rwinterp.training.train_seeds`), and under ``torch.func.vmap`` they run once on the
+# stacked tensors (their ``vmap`` rule), so that each model's sums run in the same order as when it is
+# run alone.
 
 
 class SymmetricReadout(torch.autograd.Function):
@@ -118,34 +250,125 @@ class SymmetricReadout(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, h: Tensor, V: Tensor) -> Tensor:  # h [b, k], V [y, k] -> [b, y]
-        ctx.save_for_backward(h, V)
-        return _inner_sum(h[:, None, :], V[None, :, :])
+    def forward(h: Tensor, V: Tensor) -> Tensor:  # h [..., b, k], V [..., y, k] -> [..., b, y]
+        return _inner_sum(h[..., :, None, :], V[..., None, :, :])
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:  # grad [b, y]
+    def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:  # grad [..., b, y]
         h, V = ctx.saved_tensors
-        grad_h = _inner_sum(grad[:, None, :], V.T[None, :, :])  # [b, k], summed over y
-        grad_V = _inner_sum(grad.T[:, None, :], h.T[None, :, :])  # [y, k], summed over b
+        grad_h = _inner_sum(grad[..., :, None, :], V.mT[..., None, :, :])  # [..., b, k], summed over y
+        grad_V = _inner_sum(grad.mT[..., :, None, :], h.mT[..., None, :, :])  # [..., y, k], summed over b
         return grad_h, grad_V
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, h: Tensor, V: Tensor) -> tuple[Tensor, int]:
+        return SymmetricReadout.apply(*_batch_first(info, in_dims, h, V)), 0
 
 
 class BroadcastOverBatch(torch.autograd.Function):
-    """``x[None, :]`` expanded to ``[batch, n]``; the backward sums each column as a row reduction
+    """``x[..., None, :]`` expanded to ``[..., batch, n]``; the backward sums each column as a row reduction
     (see :class:`SymmetricReadout`: the default outer-axis sum rounds edge columns differently)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, batch: int) -> Tensor:
-        return x[None, :].expand(batch, -1)
+    def forward(x: Tensor, batch: int) -> Tensor:
+        return x[..., None, :].expand(*x.shape[:-1], batch, x.shape[-1])
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+        pass
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return grad.T.contiguous().sum(-1), None
+        if grad.ndim == 2 or grad.device.type != "cpu":
+            return grad.mT.contiguous().sum(-1), None
+        # (one 2-D transpose per leading index: on the CPU copy_'s blocked transpose takes 2-D tensors only, and
+        # the general strided copy of a [..., batch, n] stack is several times slower)
+        transposed = grad.new_empty(*grad.shape[:-2], grad.shape[-1], grad.shape[-2])
+        for out, g in zip(transposed.flatten(0, -3), grad.flatten(0, -3)):
+            out.copy_(g.T)
+        return transposed.sum(-1), None
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, x: Tensor, batch: int) -> tuple[Tensor, int]:
+        return BroadcastOverBatch.apply(*_batch_first(info, in_dims, x, batch)), 0
 
 
-def _inner_sum(a: Tensor, b: Tensor) -> Tensor:
-    """``(a * b).sum(-1)`` with the product laid out contiguously, so the sum is a row reduction."""
-    return (a.contiguous() * b.contiguous()).contiguous().sum(-1)
+class TokenLookup(torch.autograd.Function):
+    """``table[tokens]``: a table of one number per token (``[..., vocab]``) read at every token
+    (``[..., batch, pos]``), by ``gather``. The backward adds up each entry's gradients in the order of the
+    tokens, as ``table[tokens]``'s own backward does, by ``scatter_add``. (Under ``vmap``, indexing a stacked
+    table with stacked tokens goes through a general advanced-indexing path several times slower.)"""
+
+    @staticmethod
+    def forward(table: Tensor, tokens: Tensor) -> Tensor:
+        return table.gather(-1, tokens.reshape(*table.shape[:-1], -1)).view(tokens.shape)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+        table, tokens = inputs
+        ctx.save_for_backward(tokens)
+        ctx.table_shape = table.shape
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        (tokens,) = ctx.saved_tensors
+        flat = tokens.reshape(*ctx.table_shape[:-1], -1)
+        summed = grad.new_zeros(ctx.table_shape).scatter_add_(-1, flat, grad.reshape(flat.shape))
+        return summed, None
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, table: Tensor, tokens: Tensor) -> tuple[Tensor, int]:
+        return TokenLookup.apply(*_batch_first(info, in_dims, table, tokens)), 0
+
+
+def _one_query(x_q: Tensor) -> bool:
+    """Whether every walk has the same single query row (of every model, with leading dimensions)."""
+    return x_q.shape[-2] == 1 and torch.equal(x_q, x_q[..., :1, :, :].expand_as(x_q))
+
+
+class QueryProjection(torch.autograd.Function):
+    """``q = W[h] x_q`` for merged key-query weights, whose W-gradient keeps equal rows bit-equal.
+
+    When every walk has the same query row (the first layer's query slot, and any layer while the
+    walks are symmetric), ``dW[h] = (sum_b dq_b) x_q^T``: the sum over walks runs along the innermost
+    axis, the same code path for every row, and the outer product is exact entry by entry. A matmul
+    over walks rounds rows at the edge of its SIMD blocks differently, which puts position-dependent
+    round-off into the attention and breaks Theorem 4.1's exact symmetry on some CPUs (see
+    :class:`SymmetricReadout` for the value side). The forward pass then computes ``W[h] x_q`` once
+    for all walks. (With a stack of models, the shared path is taken when every model's walks share
+    their query row.)"""
+
+    @staticmethod
+    def forward(x_q: Tensor, W: Tensor) -> Tensor:  # x_q [..., b, q, m], W [..., h, n, m] -> [..., b, q, h, n]
+        if _one_query(x_q):  # (a copy, not a view: patching hooks write into q in place)
+            one = torch.einsum("...bqm,...hnm->...bqhn", x_q[..., :1, :, :], W)
+            return one.expand(*x_q.shape[:-3], x_q.shape[-3], -1, -1, -1).contiguous()
+        return torch.einsum("...bqm,...hnm->...bqhn", x_q, W)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+        x_q, W = inputs
+        ctx.shared = _one_query(x_q)
+        ctx.save_for_backward(x_q, W)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], Tensor]:
+        x_q, W = ctx.saved_tensors
+        grad_x = torch.einsum("...bqhn,...hnm->...bqm", grad, W) if ctx.needs_input_grad[0] else None
+        if ctx.shared:
+            summed = grad[..., 0, :, :].movedim(-3, -1).contiguous().sum(-1)  # [..., h, n], summed over walks
+            grad_W = summed[..., None] * x_q[..., 0, 0, None, None, :]
+        else:
+            grad_W = torch.einsum("...bqhn,...bqm->...hnm", grad, x_q)
+        return grad_x, grad_W
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, x_q: Tensor, W: Tensor) -> tuple[Tensor, int]:
+        return QueryProjection.apply(*_batch_first(info, in_dims, x_q, W)), 0
 
 
 def with_gradient(x: Tensor, *hooks: HookPoint) -> Tensor:
@@ -156,47 +379,182 @@ def with_gradient(x: Tensor, *hooks: HookPoint) -> Tensor:
     return x.detach().clone().requires_grad_()
 
 
-class WalkAttention(nn.Module):
-    """Single-head attention from the query slot, with merged key-query W and value matrix V."""
+@dataclass
+class FixedRows:
+    """The rows of the residual stream that no block changes in ``query`` mode, without building them.
 
-    def __init__(self, cfg: WalkTransformerConfig):
+    In ``query`` mode only the query slot's row is updated: every other row ``i`` keeps its
+    embedding ``W_E[t_i] + W_pos[i]`` through every block. A block reads those rows only through
+    dot products (keys: ``row_i . a`` for a vector ``a`` per walk and head) and through the value
+    inputs, and both are sums over the K + 1 token embeddings and the N positional ones:
+    ``row_i . a = (W_E a)[t_i] + (W_pos a)[i]``, and with normalised keys ``||row_i||^2 =
+    ||W_E[t_i]||^2 + 2 W_E[t_i] . W_pos[i] + ||W_pos[i]||^2``. So the forward pass needs
+    ``[batch, heads, pos]`` tables, not the ``[batch, pos, d_model]`` stream (780 MB per copy in
+    float64 at the paper's K 6, N 97, M 1000 and 1000 walks).
+    """
+
+    tokens: Int[Tensor, "batch fixed"]
+    W_E: Float[Tensor, "d_vocab d_model"]
+    W_pos: Float[Tensor, "fixed d_model"]
+    norm: Optional[Float[Tensor, "batch fixed"]]  # ||row_i|| / token_norm with normalised keys, else None
+
+    @classmethod
+    def split(
+        cls, model: "DeepTransformer", tokens: Int[Tensor, "batch pos"]
+    ) -> tuple["FixedRows", Float[Tensor, "batch 1 d_model"]]:
+        """``model``'s residual stream on ``tokens`` as its fixed rows (all but the last) and the
+        query slot's row, which the blocks update."""
+        cfg = model.cfg
+        W_E, W_pos = model.W_E, model.W_pos
+        query_row = W_E[tokens[:, -1:]] + W_pos[-1:]
+        W_pos, tokens = W_pos[:-1], tokens[:, :-1]
+        norm = None
+        if cfg.normalize_tokens:
+            squared = (W_E.pow(2).sum(-1)[:, None] + 2 * W_E @ W_pos.T + W_pos.pow(2).sum(-1)[None, :])
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            norm = squared.clamp_min(0).sqrt().clamp_min(1e-30)[tokens, positions]
+            norm = norm / cfg.token_norm
+        return cls(tokens, W_E, W_pos, norm), query_row
+
+    def dot(self, a: Float[Tensor, "batch H d_model"]) -> Float[Tensor, "batch H fixed"]:
+        """``x_i . a[b, h]`` for every fixed row, ``x_i`` the row as the keys see it (normalised if
+        configured)."""
+        by_token = torch.einsum("vm,bhm->bhv", self.W_E, a)
+        dots = (by_token.gather(2, self.tokens[:, None, :].expand(-1, a.shape[1], -1))
+                + torch.einsum("pm,bhm->bhp", self.W_pos, a))
+        return dots if self.norm is None else dots / self.norm[:, None, :]
+
+    def token_rows(self, width: int) -> Float[Tensor, "batch fixed width"]:
+        """The first ``width`` coordinates of every fixed row, where the positional embeddings are
+        zero (the token part in ``concat`` mode)."""
+        return self.W_E[:, :width][self.tokens]
+
+    def values(self, W_V: Float[Tensor, "H width d_head"]) -> Float[Tensor, "batch fixed H d_head"]:
+        """``row_i[:width] W_V[h]`` for every fixed row and head."""
+        width = W_V.shape[1]
+        by_token = torch.einsum("vm,hmd->vhd", self.W_E[:, :width], W_V)
+        return by_token[self.tokens] + torch.einsum("pm,hmd->phd", self.W_pos[:, :width], W_V)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with merged (``W``, or only ``u = W x~_N`` with the rank-one query) or factored
+    (``W_Q``, ``W_K``) key-query weights."""
+
+    def __init__(self, cfg: DeepConfig):
         super().__init__()
         self.cfg = cfg
-        self.V = nn.Parameter(torch.zeros(cfg.d_head, cfg.n_states, dtype=cfg.dtype))
-        self.u = nn.Parameter(torch.zeros(cfg.d_model, dtype=cfg.dtype))
-        self.hook_q = HookPoint()
-        self.hook_k = HookPoint()
-        self.hook_v = HookPoint()
-        self.hook_attn_scores = HookPoint()
-        self.hook_pattern = HookPoint()
-        self.hook_z = HookPoint()
+        H, D, d = cfg.n_heads, cfg.d_model, cfg.d_head
+        if cfg.rank_one:
+            self.u = nn.Parameter(torch.zeros(D, dtype=cfg.dtype))  # W x~_N
+        elif cfg.key_query == "merged":
+            self.W = nn.Parameter(torch.zeros(H, D, D, dtype=cfg.dtype))  # score = x_k^T W[h] x_q
+        else:
+            self.W_Q = nn.Parameter(torch.zeros(H, D, d, dtype=cfg.dtype))
+            self.W_K = nn.Parameter(torch.zeros(H, D, d, dtype=cfg.dtype))
+        self.W_V = nn.Parameter(torch.zeros(H, cfg.d_value_in, d, dtype=cfg.dtype))
+        if cfg.readout == "learned":
+            self.W_O = nn.Parameter(torch.zeros(H, d, D, dtype=cfg.dtype))
+        else:  # every head writes into the first d_head residual coordinates (the paper's f = V X S)
+            self.register_buffer("W_O", torch.eye(d, D, dtype=cfg.dtype).expand(H, d, D).clone(), persistent=False)
+        for name in ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"):
+            setattr(self, name, HookPoint())
 
-    @property
-    def W_O(self) -> Float[Tensor, "n_heads d_head d_model"]:
-        """Writes the head output into the first ``d_head`` residual coordinates (TransformerLens's
-        per-block view, as ``ActivationCache.stack_head_results`` reads it)."""
-        cfg = self.cfg
-        W_O = self.V.new_zeros(cfg.d_head, cfg.d_model)
-        W_O[torch.arange(cfg.d_head), torch.arange(cfg.d_head)] = 1.0
-        return W_O[None]
+    def averaged_values(
+        self, pattern: Float[Tensor, "batch H 1 pos"], resid: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch 1 H d_head"]:
+        """``z = (X S) W_V`` per head: the attention-weighted average of the value inputs ``X S``,
+        summed over positions in position order (a cumulative sum), then read out by
+        :class:`SymmetricReadout`.
+
+        Equal to ``pattern @ (X W_V)`` in exact arithmetic. That einsum form sums each row of W_V's
+        gradient over a different set of (walk, position) entries, and the round-off this leaves
+        between rows breaks Theorem 4.1's exact symmetry of the deterministic walk on some CPUs. Here
+        equal one-hot token counts are bit-equal and every gradient row is reduced by the same code
+        path. Used in ``query`` mode with token values (``[batch, H, pos, d_token]`` is small)."""
+        x = resid[:, None, :, : self.cfg.d_value_in]  # [b, 1, pos, m]
+        weights = pattern[:, :, 0, :, None]  # [b, H, pos, 1]
+        averaged = (weights * x).cumsum(dim=2)[:, :, -1]  # [b, H, m]
+        z = [SymmetricReadout.apply(averaged[:, h], self.W_V[h].T) for h in range(self.cfg.n_heads)]
+        return torch.stack(z, dim=1)[:, None]
 
     def forward(
+        self, resid: Float[Tensor, "batch rows d_model"], fixed: Optional[FixedRows] = None
+    ) -> Float[Tensor, "batch Q d_model"]:
+        """The attention output of the rows being updated. ``resid`` is the whole residual stream, or,
+        with ``fixed`` (``query`` mode, see :class:`FixedRows`), the query slot's row alone."""
+        cfg = self.cfg
+        x = (resid / resid.norm(dim=-1, keepdim=True).clamp_min(1e-30) * cfg.token_norm
+             if cfg.normalize_tokens else resid)
+        x_q = x if cfg.normalize_query else resid
+        x_q = x_q[:, -1:] if cfg.attention == "query" else x_q
+        if cfg.key_query == "merged":
+            q = self.hook_q(QueryProjection.apply(x_q, self.W))  # W[h] x_q
+        else:
+            q = self.hook_q(torch.einsum("bqm,hmd->bqhd", x_q, self.W_Q))
+        if fixed is None and cfg.attention == "causal" and cfg.key_query == "factored" and not any(
+                hook.has_hooks() for hook in (self.hook_q, self.hook_k, self.hook_v, self.hook_attn_scores,
+                                              self.hook_pattern)):
+            return self._fused(q, x, resid)
+        if fixed is None:
+            if cfg.key_query == "merged":
+                k = with_gradient(x[:, :, None, :].expand(-1, -1, cfg.n_heads, -1), self.hook_k)
+            else:
+                k = torch.einsum("bpm,hmd->bphd", x, self.W_K)
+            scores = torch.einsum("bqhd,bphd->bhqp", q, self.hook_k(k)) / cfg.attn_scale
+        else:  # score = key_row . a with a = W_K[h] q (merged: a = q)
+            a = q[:, 0] if cfg.key_query == "merged" else torch.einsum("bhd,hmd->bhm", q[:, 0], self.W_K)
+            own = (x[:, -1:] * a).sum(-1, keepdim=True)  # the query slot as its own key
+            scores = torch.cat([fixed.dot(a), own], dim=-1)[:, :, None, :] / cfg.attn_scale
+        if cfg.attention == "causal":
+            n = scores.shape[-1]
+            future = torch.triu(torch.ones(n, n, dtype=torch.bool, device=scores.device), diagonal=1)
+            scores = scores.masked_fill(future, float("-inf"))
+        scores = self.hook_attn_scores(scores)
+        pattern = self.hook_pattern(torch.softmax(scores, dim=-1))
+        if cfg.attention == "query" and cfg.values == "tokens" and not self.hook_v.has_hooks():
+            rows = resid if fixed is None else torch.cat([fixed.token_rows(cfg.d_value_in),
+                                                          resid[..., : cfg.d_value_in]], dim=1)
+            z = self.averaged_values(pattern, rows)
+        else:
+            v = torch.einsum("bpm,hmd->bphd", resid[..., : cfg.d_value_in], self.W_V)
+            v = self.hook_v(v if fixed is None else torch.cat([fixed.values(self.W_V), v], dim=1))
+            z = torch.einsum("bhqp,bphd->bqhd", pattern, v)
+        z = self.hook_z(z)
+        return torch.einsum("bqhd,hdm->bqm", z, self.W_O)
+
+    def _fused(
+        self, q: Float[Tensor, "batch pos H d_head"], x: Float[Tensor, "batch pos d_model"],
+        resid: Float[Tensor, "batch pos d_model"],
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """Causal attention when nothing hooks its queries, keys, values, scores or pattern (training): torch's
+        fused ``scaled_dot_product_attention``, the same function as the explicit path (equal up to round-off)
+        without building the ``[batch, H, pos, pos]`` scores and pattern, which the tiny models of this library
+        spend most of a training step on."""
+        k = torch.einsum("bpm,hmd->bhpd", x, self.W_K)
+        v = torch.einsum("bpm,hmd->bhpd", resid[..., : self.cfg.d_value_in], self.W_V)
+        z = F.scaled_dot_product_attention(einops.rearrange(q, "b q h d -> b h q d"), k, v, is_causal=True,
+                                           scale=1.0 / self.cfg.attn_scale)
+        z = self.hook_z(einops.rearrange(z, "b h q d -> b q h d"))
+        return torch.einsum("bqhd,hdm->bqm", z, self.W_O)
+
+    def rank_one(
         self,
         keys_in: Float[Tensor, "batch pos"],
         tokens: Int[Tensor, "batch pos"],
         token_part: Optional[Float[Tensor, "batch pos K"]] = None,
     ) -> Float[Tensor, "batch 1 1 d_head"]:
-        """``keys_in[b, i] = x~_i . u`` (already normalised if configured).
+        """``z`` of the rank-one query path from ``keys_in[b, i] = x~_i . u`` (already normalised if configured).
 
-        In TransformerLens's terms the key-query circuit has ``d_head = 1`` (``W_Q``, ``W_K``): ``hook_q``
-        is the query slot's ``q = x~_N . W_Q = 1`` (``[batch, 1, 1, 1]``), ``hook_k`` the keys ``x~_i . u``
-        (``[batch, pos, 1, 1]``) and the score their product. They are formed only when hooked.
+        In TransformerLens's terms the key-query circuit has ``d_qk = 1``: ``hook_q`` is the query slot's
+        ``q = x~_N . W_Q = 1`` (``[batch, 1, 1, 1]``), ``hook_k`` the keys ``x~_i . u`` (``[batch, pos, 1, 1]``)
+        and the score their product. They are formed only when hooked.
 
-        ``token_part`` (``X^T``, from the residual stream) is given on the dense path; otherwise
-        values are read from the tokens, and when nothing hooks them the weighted sum of values
-        ``V X S`` is formed as ``V (sum_i S_i x_i)`` by a scatter, never building ``[batch, pos, K]``.
+        ``token_part`` (``X^T``, from the residual stream) is given on the dense path; otherwise values are
+        read from the tokens, and when nothing hooks them the weighted sum of values ``V X S`` is formed as
+        ``V (sum_i S_i x_i)`` by a scatter, never building ``[batch, pos, K]``.
         """
         K = self.cfg.n_states
+        V = self.W_V[0].T  # the paper's V, [d_head, K]
         if self.hook_q.has_hooks() or self.hook_k.has_hooks():
             q = self.hook_q(with_gradient(keys_in.new_ones(keys_in.shape[0], 1, 1, 1), self.hook_q))
             k = self.hook_k(keys_in[:, :, None, None])
@@ -206,48 +564,78 @@ class WalkAttention(nn.Module):
         scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(torch.softmax(scores, dim=-1))
         if token_part is None and not self.hook_v.has_hooks():
-            weights = pattern[:, 0, 0, :]
+            weights = pattern.flatten(1)  # [batch, pos] (a view: its backward copies nothing, unlike indexing)
             summed = weights.new_zeros(weights.shape[0], K + 1).scatter_add_(1, tokens, weights)
-            z = SymmetricReadout.apply(summed[:, :K], self.V)[:, None, None, :]
+            z = SymmetricReadout.apply(summed[:, :K], V)[:, None, None, :]
         else:
             if token_part is None:
-                token_part = F.one_hot(tokens, K + 1)[..., :K].to(self.V.dtype)
-            v = self.hook_v((token_part @ self.V.T)[:, :, None, :])
+                token_part = F.one_hot(tokens, K + 1)[..., :K].to(V.dtype)
+            v = self.hook_v((token_part @ V.T)[:, :, None, :])
             z = torch.einsum("bhqp,bphd->bqhd", pattern, v)
         return self.hook_z(z)
 
 
-class WalkMLP(nn.Module):
-    """The FC+ReLU variant's output layer: ``f = A ReLU(h)`` (PAPER.md appendix F.2); with
-    ``act_fn = "linear"``, ``f = A h``."""
+class MLP(nn.Module):
+    """``act(x W_in) W_out``, no biases. With the fixed readout this is the paper's FC layer ``f = A act(V X S)``:
+    ``W_in`` selects the head output (the first m residual coordinates) and the learned ``A`` (K x m) writes
+    the K scores, so ``W_out = [A^T 0]``; with a learned readout ``W_in`` and ``W_out`` are learned."""
 
-    def __init__(self, cfg: WalkTransformerConfig):
+    def __init__(self, cfg: DeepConfig):
         super().__init__()
+        self.cfg = cfg
         self.activation = cfg.activation
-        self.A = nn.Parameter(torch.zeros(cfg.n_states, cfg.d_mlp, dtype=cfg.dtype))
+        if cfg.readout == "learned":
+            self.W_in = nn.Parameter(torch.zeros(cfg.d_model, cfg.mlp_width, dtype=cfg.dtype))
+            self.W_out = nn.Parameter(torch.zeros(cfg.mlp_width, cfg.d_model, dtype=cfg.dtype))
+        else:
+            self.A = nn.Parameter(torch.zeros(cfg.n_states, cfg.mlp_width, dtype=cfg.dtype))
         self.hook_pre = HookPoint()
         self.hook_post = HookPoint()
 
-    def forward(self, h: Float[Tensor, "batch 1 m"]) -> Float[Tensor, "batch 1 K"]:
-        post = self.hook_post(self.activation(self.hook_pre(h)))
-        return post @ self.A.T
+    def forward(self, x: Float[Tensor, "batch Q width"]) -> Float[Tensor, "batch Q out"]:
+        """The MLP output: ``[..., d_model]`` with a learned readout, the K scores with the fixed one."""
+        if self.cfg.readout == "learned":
+            return self.hook_post(self.activation(self.hook_pre(x @ self.W_in))) @ self.W_out
+        return self.hook_post(self.activation(self.hook_pre(x[..., : self.cfg.mlp_width]))) @ self.A.T
 
 
-class WalkBlock(nn.Module):
-    """One block's modules and its HookedTransformer hook points (resid_mid and mlp_out only with
-    an MLP). The forward pass lives in the model that owns the block."""
+class Block(nn.Module):
+    """One block: attention, then (with ``mlp_width``) the FC layer, each writing the rows being updated."""
 
-    def __init__(self, cfg: Any, attn: nn.Module, mlp: Optional[nn.Module] = None):
+    def __init__(self, cfg: DeepConfig):
         super().__init__()
         self.cfg = cfg
-        self.attn = attn
+        self.attn = Attention(cfg)
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
         self.hook_resid_post = HookPoint()
-        if mlp is not None:
-            self.mlp = mlp
+        if cfg.mlp_width is not None:
+            self.mlp = MLP(cfg)
             self.hook_resid_mid = HookPoint()
             self.hook_mlp_out = HookPoint()
+
+    def _update(self, resid: Tensor, out: Tensor) -> Tensor:
+        """Replace the rows being computed (the last ``Q``) by ``resid + out`` or ``out``."""
+        Q = out.shape[1]
+        rows = resid[:, -Q:] + out if self.cfg.residual else out
+        return rows if resid.shape[1] == Q else torch.cat([resid[:, : resid.shape[1] - Q], rows], dim=1)
+
+    def _mlp_out(self, rows: Tensor) -> Tensor:
+        out = self.mlp(rows)
+        return out if self.cfg.readout == "learned" else F.pad(out, (0, self.cfg.d_model - self.cfg.n_states))
+
+    def forward(
+        self, resid: Float[Tensor, "batch rows d_model"], fixed: Optional[FixedRows] = None
+    ) -> Float[Tensor, "batch rows d_model"]:
+        """The residual stream out of the block: all of it, or with ``fixed`` the query slot's row."""
+        resid = self.hook_resid_pre(resid)
+        attn_out = self.hook_attn_out(self.attn(resid, fixed))
+        resid = self._update(resid, attn_out)
+        if self.cfg.mlp_width is not None:
+            resid = self.hook_resid_mid(resid)
+            mlp_out = self.hook_mlp_out(self._mlp_out(resid[:, -attn_out.shape[1]:]))
+            resid = self._update(resid, mlp_out)
+        return self.hook_resid_post(resid)
 
 
 #: Hooks whose activations TransformerLens stacks over layers in the residual-stream methods of
@@ -260,13 +648,24 @@ class WalkActivationCache(ActivationCache):
     """A TransformerLens :class:`ActivationCache` that says in one line when a residual-stream method
     cannot apply to the cached model, instead of failing inside ``torch.stack``:
 
-    * a model that attends from the query slot alone keeps ``attn_out`` (and, in the paper's model,
+    * a model that attends from the query slot alone keeps ``attn_out`` (and, with the rank-one query,
       ``resid_post``) at the last position only, so ``accumulated_resid``, ``decompose_resid`` and
       ``get_full_resid_decomposition`` need ``pos_slice=-1`` to stack them with the embeddings;
-    * a model without a residual stream (the paper's, or a ``DeepTransformer`` with ``residual=False``)
-      replaces the stream with each block's output, so the stream is no sum of components and the two
-      decompositions do not exist (``accumulated_resid``, the stream's state at each layer, does).
+    * a model without a residual stream (``residual=False``, the paper's) replaces the stream with each
+      block's output, so the stream is no sum of components and the two decompositions do not exist
+      (``accumulated_resid``, the stream's state at each layer, does).
     """
+
+    def __getitem__(self, key: Any) -> Tensor:
+        """As in TransformerLens; a hook the model does not have is a one-line error naming the ones it has."""
+        try:
+            return super().__getitem__(key)
+        except KeyError:
+            name = key if isinstance(key, str) else None
+            hooks = sorted({n.split(".")[-1] for n in self.cache_dict})
+            raise RwinterpError(f"this model caches no {name or key!r}"
+                                f"{' (it has no MLP)' if 'mlp' in str(key) or 'resid_mid' in str(key) else ''}; "
+                                f"its hooks: {', '.join(hooks)}") from None
 
     def _check(self, method: str, pos_slice: Any, decomposition: bool) -> None:
         if decomposition:
@@ -299,12 +698,297 @@ class WalkActivationCache(ActivationCache):
                                                     *args, **kwargs)
 
 
-class HookedWalkModel(HookedRootModule):
-    """What the library's hooked models share beyond :class:`HookedRootModule`: ``run_with_cache``
-    returning an :class:`ActivationCache` (a :class:`WalkActivationCache`), and ``QK = W_Q W_K^T`` and
-    ``OV = W_V W_O`` per layer and head as TransformerLens :class:`FactoredMatrix` objects (from the
-    subclass's weight views; for the paper's model QK equals ``W^T`` on its domain, the query slot)."""
+# ---------------------------------------------------------------------------------------- the model
+#: TransformerLens patching sweeps that patch every position of an attention or MLP output (functions of
+#: ``transformer_lens.patching``; the others go through ``generic_activation_patch``).
+_EVERY_POSITION = ("get_act_patch_block_every", "get_act_patch_attn_head_by_pos_every")
 
+
+def refuse_position_patching(model: "DeepTransformer") -> None:
+    """Raise a one-line error when called (through ``run_with_hooks``) from a ``transformer_lens.patching`` sweep
+    over the positions of an activation that a model attending from the query slot holds at that slot alone
+    (``attn_out``, ``z``, ``q``, ``pattern``, ``mlp_out``; with the rank-one query also the block outputs):
+    TransformerLens would index positions that do not exist and stop with a bare ``IndexError``, or after
+    sweeping every other activation first."""
+    import sys
+
+    query_only = {"attn_out", "z", "q", "pattern", "attn_scores", "mlp_out", "pre", "post"}
+    if model.cfg.attention != "query":
+        query_only = set()
+    elif model.cfg.rank_one:
+        query_only |= {"resid_mid", "resid_post"}
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "transformer_lens.patching":
+            name = frame.f_code.co_name
+            where = None
+            if name in _EVERY_POSITION:
+                where = f"transformer_lens.patching.{name}"
+            elif name == "generic_activation_patch":
+                activation, index = frame.f_locals.get("activation_name"), frame.f_locals.get("index_df")
+                columns = set(getattr(index, "columns", ()))
+                if activation in query_only and columns & {"pos", "dest_pos", "src_pos"}:
+                    where = f"transformer_lens.patching of {activation} by position"
+            if where is not None:
+                raise RwinterpError(
+                    f"{where}: this model attends from the query slot alone, so its attention outputs hold that "
+                    f"position only (position N = {model.cfg.n_ctx}); use the *_all_pos functions, or patch "
+                    f"resid_pre, k or v by position")
+        frame = frame.f_back
+
+
+
+
+class DeepTransformer(HookedRootModule):
+    """See the module docstring. Build with ``DeepTransformer(DeepConfig.paper(K, N, M))`` (or any
+    :class:`DeepConfig`, or its dict)."""
+
+    def __init__(self, cfg: DeepConfig | DeepOptions | dict):
+        super().__init__()
+        # A copy: ``.float()`` on this model updates its cfg.dtype, not that of another model built
+        # from the same config.
+        if isinstance(cfg, DeepOptions) and not isinstance(cfg, DeepConfig):
+            cfg = cfg.to_dict()
+        cfg = DeepConfig.from_dict(cfg) if isinstance(cfg, dict) else copy.deepcopy(cfg)
+        self.cfg = cfg
+        K, N = cfg.n_states, cfg.n_ctx
+        # Learned embeddings hold their own width (padded into d_model by W_E, W_pos); fixed ones are kept at
+        # full width, so that the forward pass reads them without a copy.
+        D = cfg.d_model
+        if cfg.token_embedding == "learned":
+            self.embed = nn.Parameter(torch.zeros(K + 1, cfg.d_token, dtype=cfg.dtype))
+        else:  # one-hot; the query token embeds to zero (the paper's query slot x_N = 0)
+            onehot = torch.eye(K + 1, D, dtype=cfg.dtype) * (torch.arange(K + 1) < K)[:, None]
+            self.register_buffer("embed", onehot, persistent=False)
+        if cfg.pos_embedding == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(N, cfg.pos_dim, dtype=cfg.dtype))
+        else:
+            fixed = positional_embeddings(cfg.pos_embedding, N, cfg.pos_dim).to(cfg.dtype)
+            self.register_buffer("pos_embed", F.pad(fixed, (D - cfg.pos_dim, 0)), persistent=False)
+        if cfg.readout == "learned":
+            self.unembed = nn.Parameter(torch.zeros(cfg.d_model, K, dtype=cfg.dtype))
+        else:  # read the scores off the first K residual coordinates
+            self.register_buffer("unembed", torch.eye(cfg.d_model, K, dtype=cfg.dtype), persistent=False)
+        self.hook_embed = HookPoint()
+        self.hook_pos_embed = HookPoint()
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
+        if cfg.rank_one:
+            # the initial W (Gaussian init): u holds only W x~_N, and edits of the query need the rest
+            self.register_buffer("W_init", torch.zeros(0, dtype=cfg.dtype))
+        self.setup()
+        self.reset_parameters()
+        if cfg.device not in (None, "cpu"):  # (drawn on the CPU: a seed gives the same model on every device)
+            self.to(cfg.device)
+
+    # ------------------------------------------------------------------ initialisation
+    def reset_parameters(self) -> None:
+        """Draw every learned parameter from ``cfg.init`` with a generator seeded by ``cfg.seed``.
+
+        ``zero``: all zero (the paper's). ``gaussian``: i.i.d. N(0, init_sigma^2) (the paper's random
+        initialisation). ``standard``: N(0, (0.8 / sqrt(d_model))^2), TransformerLens's GPT-2
+        initialisation. Fixed embeddings and readouts stay as built. With the rank-one query the paper's
+        weights are drawn in the paper's order and shapes (V, then W, then A), u = W x~_N: so a seed gives
+        the same model whichever way W is stored. Note that zero-initialised factored key-query weights
+        never move (their gradients are products of each other), nor does a zero-initialised FC layer.
+        """
+        cfg = self.cfg
+        gen = torch.Generator().manual_seed(cfg.seed)
+        std = {"zero": 0.0, "gaussian": cfg.init_sigma, "standard": 0.8 / math.sqrt(cfg.d_model)}[cfg.init]
+
+        def draw(*shape: int) -> Tensor:
+            if std == 0.0:
+                return torch.zeros(*shape, dtype=torch.float64)
+            return torch.randn(*shape, generator=gen, dtype=torch.float64) * std
+
+        with torch.no_grad():
+            if not cfg.rank_one:
+                for param in self.parameters():
+                    param.copy_(draw(*param.shape))
+                return
+            attn = self.blocks[0].attn
+            attn.W_V[0].copy_(draw(cfg.d_head, cfg.n_states).T)
+            q = self.query_vector().to("cpu", torch.float64)  # (drawn on the CPU, whatever the model's device)
+            device = attn.u.device
+            if std and cfg.d_model**2 <= MAX_STORED_W:
+                W0 = draw(cfg.d_model, cfg.d_model)
+                self.W_init = W0.to(device, cfg.dtype)
+                attn.u.copy_(W0 @ q)
+            else:  # W_init x~_N has i.i.d. N(0, sigma^2 ||x~_N||^2) entries: draw it directly.
+                self.W_init = torch.zeros(0, dtype=cfg.dtype, device=device)
+                attn.u.copy_(draw(cfg.d_model) * q.norm())
+            if cfg.mlp_width is not None:
+                self.blocks[0].mlp.A.copy_(draw(cfg.n_states, cfg.mlp_width))
+
+    def param_groups(self, optimizer: str, lr: float, weight_decay: float) -> list[dict[str, Any]]:
+        """The optimiser's parameter groups: all parameters, except that the rank-one query's ``u`` is
+        stepped as the paper's W would be.
+
+        Every W-gradient is ``g q^T`` with ``g = dL/du`` (q the :meth:`query_vector`). Gradient descent on W
+        therefore moves u by ``||q||^2`` times gradient descent's step on u. Adam on W normalises each entry
+        ``g_i q_j`` by its own running size, which leaves ``sign(q_j)`` times Adam's step for ``g_i``: it
+        moves u by ``||q||_1`` times Adam's step on u (up to Adam's small eps). Weight decay shrinks W, and
+        so u, by ``lr * weight_decay`` per step whatever the scale; the part of W that u does not hold (a
+        stored Gaussian ``W_init``) is in :meth:`decaying_buffers`."""
+        if not self.cfg.rank_one:
+            return [{"params": list(self.parameters())}]
+        u = self.u
+        q = self.query_vector()
+        scale = float(q.abs().sum()) if optimizer == "adamw" else float(q.pow(2).sum())
+        others = [p for p in self.parameters() if p is not u]
+        return [{"params": others}, {"params": [u], "lr": lr * scale, "weight_decay": weight_decay / scale}]
+
+    def decaying_buffers(self) -> list[Tensor]:
+        """What weight decay shrinks besides the parameters: the rank-one query's stored initial W (the part of W
+        off the query direction, which decays with W)."""
+        return [self.W_init] if self.cfg.rank_one and self.W_init.numel() else []
+
+    # ------------------------------------------------------------------ TransformerLens weights
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        """Token embeddings, zero on the positional coordinates in ``concat`` mode."""
+        width = self.embed.shape[1]
+        return self.embed if width == self.cfg.d_model else F.pad(self.embed, (0, self.cfg.d_model - width))
+
+    @property
+    def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
+        """Positional embeddings, on the coordinates after the token part in ``concat`` mode."""
+        width = self.pos_embed.shape[1]
+        return self.pos_embed if width == self.cfg.d_model else F.pad(self.pos_embed, (self.cfg.d_model - width, 0))
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model K"]:
+        return self.unembed
+
+    def _stack(self, name: str) -> Tensor:
+        return torch.stack([getattr(block.attn, name) for block in self.blocks])
+
+    @property
+    def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_qk"]:
+        """Merged: ``W^T`` (with ``W_K = I``, ``q . k = x_k^T W x_q``). Rank-one: ``q / ||q||^2`` (with ``W_K = u``,
+        the score ``x~_i . u`` on the query ``q``; with ``normalize_tokens`` this circuit applies to the
+        normalised tokens, not to ``hook_resid_pre``)."""
+        if self.cfg.rank_one:
+            q = self.query_vector()
+            return (q / q.pow(2).sum())[None, None, :, None]
+        if self.cfg.key_query == "merged":
+            return self._stack("W").transpose(-2, -1)
+        return self._stack("W_Q")
+
+    @property
+    def W_K(self) -> Float[Tensor, "n_layers n_heads d_model d_qk"]:
+        cfg = self.cfg
+        if cfg.rank_one:
+            return self.u[None, None, :, None]
+        if cfg.key_query == "merged":
+            eye = torch.eye(cfg.d_model, dtype=cfg.dtype, device=self.W_U.device)
+            return eye.expand(cfg.n_layers, cfg.n_heads, -1, -1)
+        return self._stack("W_K")
+
+    @property
+    def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        """Zero on the positional rows when values read only the token coordinates."""
+        W_V = self._stack("W_V")
+        return F.pad(W_V, (0, 0, 0, self.cfg.d_model - W_V.shape[-2]))
+
+    @property
+    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
+        return self._stack("W_O")
+
+    @property
+    def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
+        cfg = self.cfg
+        require(cfg.mlp_width is not None, "this model has no MLP")
+        if cfg.readout == "learned":
+            return torch.stack([block.mlp.W_in for block in self.blocks])
+        eye = torch.eye(cfg.d_model, cfg.mlp_width, dtype=cfg.dtype, device=self.W_U.device)
+        return eye.expand(cfg.n_layers, -1, -1)
+
+    @property
+    def W_out(self) -> Float[Tensor, "n_layers d_mlp d_model"]:
+        cfg = self.cfg
+        require(cfg.mlp_width is not None, "this model has no MLP")
+        if cfg.readout == "learned":
+            return torch.stack([block.mlp.W_out for block in self.blocks])
+        return F.pad(torch.stack([block.mlp.A.T for block in self.blocks]), (0, cfg.d_model - cfg.n_states))
+
+    @property
+    def QK(self) -> FactoredMatrix:
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        return FactoredMatrix(self.W_V, self.W_O)
+
+    def tokens_to_residual_directions(self, tokens: int | Int[Tensor, "..."]) -> Float[Tensor, "... d_model"]:
+        """As in TransformerLens: the unembedding direction of each output token (a column of ``W_U``), for
+        ``ActivationCache.logit_attrs``."""
+        if isinstance(tokens, Tensor) and tokens.numel() > 1:
+            return self.W_U[:, tokens].movedim(0, -1)
+        return self.W_U[:, int(tokens)]
+
+    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
+        """As in TransformerLens: the biases added to the residual stream before ``layer``; there are none."""
+        return self.W_U.new_zeros(self.cfg.d_model)
+
+    # ------------------------------------------------------------------ the paper's quantities
+    @property
+    def V(self) -> Optional[Float[Tensor, "d_head K"]]:
+        """The paper's value matrix (a copy): with one layer and one head whose values read one-hot tokens through
+        the fixed readout, ``W_V^T`` (K x K, or m x K with the FC layer); else, for one attention-only head, its
+        token-to-score map ``(W_E[:K] W_V W_O W_U)^T``; ``None`` otherwise."""
+        cfg = self.cfg
+        if cfg.n_layers != 1 or cfg.n_heads != 1:
+            return None
+        if cfg.values == "tokens" and cfg.readout == "fixed" and cfg.token_embedding == "onehot":
+            return self.blocks[0].attn.W_V[0].T.contiguous()
+        if cfg.mlp_width is None:
+            return (self.W_E[: cfg.n_states] @ self.W_V[0, 0] @ self.W_O[0, 0] @ self.W_U).T
+        return None
+
+    @property
+    def A(self) -> Float[Tensor, "K m"]:
+        """The paper's FC layer output map (one layer with the fixed readout and an FC layer)."""
+        require(self.cfg.n_layers == 1 and self.cfg.mlp_width is not None and self.cfg.readout == "fixed",
+                "A is the FC layer of a one-layer model with the fixed readout")
+        return self.blocks[0].mlp.A
+
+    @property
+    def u(self) -> Float[Tensor, " d_model"]:
+        """``W q``, q the :meth:`query_vector`: all of layer 0's W that the query slot uses (the stored parameter
+        with the rank-one query)."""
+        if self.cfg.rank_one:
+            return self.blocks[0].attn.u
+        require(self.cfg.attention == "query" and self.cfg.key_query == "merged",
+                "u = W x~_N is defined for a merged key-query matrix attending from the query slot")
+        return self.blocks[0].attn.W[0] @ self.query_vector()
+
+    def query_vector(self) -> Float[Tensor, " d_model"]:
+        """Layer 0's query as the attention sees it: ``x~_N``, or ``r x~_N/||x~_N||`` with normalised tokens
+        (``r = cfg.token_norm``; unless ``normalize_query`` is off: then only the keys are normalised)."""
+        q = self.W_E[self.cfg.n_states] + self.W_pos[-1]
+        cfg = self.cfg
+        return q / q.norm() * cfg.token_norm if cfg.normalize_tokens and cfg.normalize_query else q
+
+    @property
+    def W(self) -> Float[Tensor, "d_model d_model"]:
+        """Layer 0's first merged key-query matrix (score ``x~_i^T W x~_N``). With the rank-one query it is
+        rebuilt: gradient descent only ever adds multiples of ``g q^T`` (q the query vector), so
+        ``W = W_init + (u - W_init q) q^T / ||q||^2`` exactly, with ``W_init = 0`` for zero init."""
+        cfg = self.cfg
+        if not cfg.rank_one:
+            require(cfg.key_query == "merged", "this model has factored key-query weights (W_Q, W_K), not W")
+            return self.blocks[0].attn.W[0]
+        q = self.query_vector()
+        if cfg.init != "zero" and self.W_init.numel() == 0:
+            raise RwinterpError("the initial W of this Gaussian-initialised model was too large to keep")
+        require(cfg.d_model**2 <= 4 * MAX_STORED_W, f"W is {cfg.d_model} x {cfg.d_model}: too large to build")
+        u = self.u.detach()
+        if self.W_init.numel():
+            base = self.W_init
+            return base + torch.outer(u - base @ q, q) / q.pow(2).sum()
+        return torch.outer(u, q) / q.pow(2).sum()
+
+    # ------------------------------------------------------------------ forward
     def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
         """As in TransformerLens, returning an :class:`ActivationCache` (a :class:`WalkActivationCache`)."""
         out, cache = super().run_with_cache(*args, **kwargs)
@@ -312,7 +996,21 @@ class HookedWalkModel(HookedRootModule):
             cache = cache.cache_dict
         return out, WalkActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 
-    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> "HookedWalkModel":
+    def run_with_hooks(self, *args: Any, **kwargs: Any) -> Any:
+        """As in TransformerLens. A ``transformer_lens.patching`` sweep that patches, position by position, an
+        activation this model holds at the query slot alone is refused at its first run, in one line."""
+        if kwargs.get("fwd_hooks"):
+            refuse_position_patching(self)
+        return super().run_with_hooks(*args, **kwargs)
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """TransformerLens' switch to a copy of the residual stream per head for its queries, keys and values (what
+        ``transformer_lens.patching.get_act_patch_direct_path`` needs): this model has none; refused in one line."""
+        require(not use_split_qkv_input,
+                "this model does not split the residual stream into a query, key and value input per head "
+                "(use_split_qkv_input); patch blocks.L.attn.hook_q, hook_k or hook_v instead")
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> "DeepTransformer":
         """``.to(dtype)``, ``.float()``, ``.double()``: as TransformerLens's ``to`` does, ``cfg.dtype``
         follows the weights, so a saved run rebuilds in the dtype it was saved in. A conversion to an
         unsupported dtype (``.half()``) is refused before any weight is converted."""
@@ -321,7 +1019,28 @@ class HookedWalkModel(HookedRootModule):
         dtype = next((p.dtype for p in self.parameters() if p.is_floating_point()), None)
         if dtype is not None and dtype != self.cfg.dtype:
             self.cfg.dtype = resolve_dtype(dtype)
+        device = next((t.device for t in (*self.parameters(), *self.buffers())), None)
+        if device is not None:  # (``.to(device)``: the config says where the weights are, as TransformerLens's)
+            self.cfg.device = str(device)
         return self
+
+    def to_tokens(self, tokens: Any) -> Int[Tensor, "batch pos"]:
+        """Tokens are already integer tensors (no tokenizer); accepts a task ``Batch`` too."""
+        tokens = getattr(tokens, "tokens", tokens)
+        return self._check_tokens(torch.as_tensor(tokens))
+
+    def _check_tokens(self, tokens: Tensor, values: bool = True) -> Tensor:
+        cfg = self.cfg
+        if tokens.ndim == 1:
+            tokens = tokens[None]
+        require(tokens.ndim == 2 and tokens.shape[1] == cfg.n_ctx,
+                f"tokens must have shape [batch, {cfg.n_ctx}], got {list(tokens.shape)}")
+        require(not tokens.is_floating_point(), "tokens must be an integer tensor")
+        if values and tokens.numel():
+            low, high = torch.aminmax(tokens)
+            require(int(low) >= 0 and int(high) <= cfg.n_states,
+                    f"tokens must lie in [0, {cfg.n_states}] ({cfg.n_states} is the query token)")
+        return tokens
 
     def _embeddings(self, tokens: Int[Tensor, "batch pos"]) -> tuple[Tensor, Tensor]:
         """``hook_embed(W_E[tokens])`` and ``hook_pos_embed(W_pos)``, each ``[batch, pos, d_model]``.
@@ -333,203 +1052,79 @@ class HookedWalkModel(HookedRootModule):
         hooks = (self.hook_embed, self.hook_pos_embed, self.blocks[0].hook_resid_pre)
         return self.hook_embed(with_gradient(embed, *hooks)), self.hook_pos_embed(with_gradient(pos, *hooks))
 
-    def tokens_to_residual_directions(self, tokens: int | Int[Tensor, "..."]) -> Float[Tensor, "... d_model"]:
-        """As in TransformerLens: the unembedding direction of each output token (a column of ``W_U``), for
-        ``ActivationCache.logit_attrs``."""
-        if isinstance(tokens, Tensor) and tokens.numel() > 1:
-            return self.W_U[:, tokens].movedim(0, -1)
-        return self.W_U[:, int(tokens)]
+    def forward(self, tokens: Int[Tensor, "batch pos"], *, check: bool = True) -> Float[Tensor, "batch Q K"]:
+        """Logits (raw scores) at the query slot (``[batch, 1, K]``) or at every position (causal).
 
-    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
-        """As in TransformerLens: the biases added to the residual stream before ``layer``; these models
-        have none."""
-        return self.W_U.new_zeros(self.cfg.d_model)
+        ``check=False`` leaves out the check of the token values (the shape is always checked): a check that
+        reads the data, which cannot run under ``torch.func.vmap``; :func:`rwinterp.training.train_seeds`
+        checks its data before it runs the models' stack."""
+        tokens = self._check_tokens(tokens, values=check)
+        if self.cfg.rank_one:
+            return self._rank_one_forward(tokens)
+        fixed = None
+        if self._rows_stay_implicit():
+            fixed, resid = FixedRows.split(self, tokens)
+        else:
+            embed, pos = self._embeddings(tokens)
+            resid = embed + pos
+        for block in self.blocks:
+            resid = block(resid, fixed)
+        rows = 1 if self.cfg.attention == "query" else self.cfg.n_ctx
+        return resid[:, -rows:] @ self.W_U
 
-    @property
-    def QK(self) -> FactoredMatrix:
-        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
+    def _rows_stay_implicit(self) -> bool:
+        """``query`` mode with no hook on a tensor that holds the rows the blocks leave unchanged:
+        those rows are then read through :class:`FixedRows`, and only the query slot's row is built."""
+        if self.cfg.attention != "query":
+            return False
+        points = [self.hook_embed, self.hook_pos_embed]
+        for block in self.blocks:
+            points += [block.hook_resid_pre, block.hook_resid_post, block.attn.hook_k, block.attn.hook_v]
+            points += [block.hook_resid_mid] if self.cfg.mlp_width is not None else []
+        return not any(point.has_hooks() for point in points)
 
-    @property
-    def OV(self) -> FactoredMatrix:
-        return FactoredMatrix(self.W_V, self.W_O)
-
-
-class WalkTransformer(HookedWalkModel):
-    """The paper's model. Build with ``WalkTransformer(WalkTransformerConfig(...))``."""
-
-    run_kind = "walk"
-
-    def __init__(self, cfg: WalkTransformerConfig):
-        super().__init__()
-        # A copy: ``.float()`` on this model updates its cfg.dtype, not that of another model built
-        # from the same config.
-        cfg = WalkTransformerConfig.from_dict(cfg) if isinstance(cfg, dict) else copy.deepcopy(cfg)
-        self.cfg = cfg
-        K, M, N, D = cfg.n_states, cfg.pos_dim, cfg.n_ctx, cfg.d_model
-        W_E = torch.zeros(K + 1, D, dtype=cfg.dtype)
-        W_E[torch.arange(K), torch.arange(K)] = 1.0
-        W_pos = torch.zeros(N, D, dtype=cfg.dtype)
-        W_pos[:, K:] = positional_embeddings(cfg.pos_embedding, N, M).to(cfg.dtype)
-        self.register_buffer("W_E", W_E, persistent=False)
-        self.register_buffer("W_pos", W_pos, persistent=False)
-        self.register_buffer("tok_sq", W_E.pow(2).sum(-1), persistent=False)
-        self.register_buffer("pos_sq", W_pos.pow(2).sum(-1), persistent=False)
-        self.hook_embed = HookPoint()
-        self.hook_pos_embed = HookPoint()
-        mlp = WalkMLP(cfg) if cfg.mlp_width is not None else None
-        self.blocks = nn.ModuleList([WalkBlock(cfg, WalkAttention(cfg), mlp)])
-        self.register_buffer("W_init", torch.zeros(0, dtype=cfg.dtype))
-        self.setup()
-        self.reset_parameters()
-
-    # ------------------------------------------------------------------ parameters
-    @property
-    def attn(self) -> WalkAttention:
-        return self.blocks[0].attn
-
-    @property
-    def V(self) -> Float[Tensor, "d_head K"]:
-        """The paper's value matrix (K x K, or m x K with the FC+ReLU variant)."""
-        return self.attn.V
-
-    @property
-    def u(self) -> Float[Tensor, " d_model"]:
-        """``W q`` with ``q`` the :meth:`query_vector` (``x~_N``, or ``x~_N/||x~_N||``): all of W the model uses."""
-        return self.attn.u
-
-    @property
-    def A(self) -> Float[Tensor, "K m"]:
-        require(self.cfg.mlp_width is not None, "this model has no FC+ReLU layer")
-        return self.blocks[0].mlp.A
-
-    def query_vector(self) -> Float[Tensor, " d_model"]:
-        """The query as the attention sees it: ``x~_N``, or ``r x~_N/||x~_N||`` with normalised tokens
-        (``r = cfg.token_norm``, 1 by default; unless ``normalize_query`` is off: then only the keys
-        are normalised, to length r)."""
-        q = self.W_pos[-1]
+    def _rank_one_forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch 1 K"]:
+        """The forward pass with the rank-one query (see the module docstring)."""
         cfg = self.cfg
-        return q / q.norm() * cfg.token_norm if cfg.normalize_tokens and cfg.normalize_query else q
-
-    def u_lr_scale(self) -> float:
-        """``||query||^2``: gradient descent on W moves ``u`` by this factor times ``-lr dL/du``."""
-        return float(self.query_vector().pow(2).sum())
-
-    def reset_parameters(self) -> None:
-        """Zero or Gaussian(sigma) initialisation of V, W (through u) and A, from ``cfg.seed``."""
-        cfg = self.cfg
-        gen = torch.Generator().manual_seed(cfg.seed)
-        gaussian = cfg.init == "gaussian"
-
-        def draw(*shape: int) -> Tensor:
-            if not gaussian:
-                return torch.zeros(*shape, dtype=torch.float64)
-            return torch.randn(*shape, generator=gen, dtype=torch.float64) * cfg.init_sigma
-
-        with torch.no_grad():
-            self.attn.V.copy_(draw(*self.attn.V.shape))
-            q = self.query_vector().to(torch.float64)
-            if gaussian and cfg.d_model**2 <= MAX_STORED_W:
-                W0 = draw(cfg.d_model, cfg.d_model)
-                self.W_init = W0.to(cfg.dtype)
-                self.attn.u.copy_(W0 @ q)
-            else:
-                # W_init x~_N has i.i.d. N(0, sigma^2 ||x~_N||^2) entries: draw it directly.
-                self.W_init = torch.zeros(0, dtype=cfg.dtype)
-                self.attn.u.copy_(draw(cfg.d_model) * q.norm())
-            if cfg.mlp_width is not None:
-                self.blocks[0].mlp.A.copy_(draw(*self.blocks[0].mlp.A.shape))
-
-    @property
-    def W(self) -> Float[Tensor, "d_model d_model"]:
-        """The paper's merged key-query matrix.
-
-        Gradient descent only ever adds multiples of ``g q^T`` (q the query vector), so
-        ``W = W_init + (u - W_init q) q^T / ||q||^2`` exactly, with ``W_init = 0`` for zero init.
-        """
-        cfg = self.cfg
-        q = self.query_vector()
-        if cfg.init == "gaussian" and self.W_init.numel() == 0:
-            raise RwinterpError("the initial W of this Gaussian-initialised model was too large to keep")
-        require(cfg.d_model**2 <= 4 * MAX_STORED_W, f"W is {cfg.d_model} x {cfg.d_model}: too large to build")
-        u = self.u.detach()
-        if self.W_init.numel():
-            base = self.W_init
-            return base + torch.outer(u - base @ q, q) / q.pow(2).sum()
-        return torch.outer(u, q) / q.pow(2).sum()
-
-    # ------------------------------------------------------------------ TransformerLens weights
-    @property
-    def W_U(self) -> Float[Tensor, "d_model K"]:
-        """Reads the output scores off the token coordinates of the residual stream."""
-        return self.W_E[: self.cfg.n_states].T.contiguous()
-
-    @property
-    def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model 1"]:
-        """With ``W_K``, a rank-one factorisation of the query-key circuit on the model's domain:
-        the query ``q`` gives ``q . W_Q = 1`` and keys are ``x~_i . u``, so the score is ``x~_i^T W q``.
-        With ``normalize_tokens`` the score is this circuit applied to the normalised tokens
-        ``x~_i / ||x~_i||`` (times ``token_norm``), not to the residual stream ``hook_resid_pre``.
-        """
-        q = self.query_vector()
-        return (q / q.pow(2).sum())[None, None, :, None]
-
-    @property
-    def W_K(self) -> Float[Tensor, "n_layers n_heads d_model 1"]:
-        return self.u[None, None, :, None]
-
-    @property
-    def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
-        """``[V^T; 0]``: values read only the token coordinates."""
-        cfg = self.cfg
-        W_V = self.V.new_zeros(cfg.d_model, cfg.d_head)
-        W_V[: cfg.n_states] = self.V.T
-        return W_V[None, None]
-
-    @property
-    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
-        """Writes the head output into the first ``d_head`` residual coordinates."""
-        return self.attn.W_O[None]
-
-    @property
-    def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
-        return self.W_O[0, 0].T.contiguous()[None]
-
-    @property
-    def W_out(self) -> Float[Tensor, "n_layers d_mlp d_model"]:
-        W_out = self.A.new_zeros(self.cfg.d_mlp, self.cfg.d_model)
-        W_out[:, : self.cfg.n_states] = self.A.T
-        return W_out[None]
-
-    # ------------------------------------------------------------------ forward
-    def to_tokens(self, tokens: Any) -> Int[Tensor, "batch pos"]:
-        """Tokens are already integer tensors (no tokenizer); accepts a task ``Batch`` too."""
-        tokens = getattr(tokens, "tokens", tokens)
-        return self._check_tokens(torch.as_tensor(tokens))
-
-    def _check_tokens(self, tokens: Tensor) -> Tensor:
-        cfg = self.cfg
-        if tokens.ndim == 1:
-            tokens = tokens[None]
-        require(tokens.ndim == 2 and tokens.shape[1] == cfg.n_ctx,
-                f"tokens must have shape [batch, {cfg.n_ctx}], got {list(tokens.shape)}")
-        require(not tokens.is_floating_point(), "tokens must be an integer tensor")
-        if tokens.numel():
-            low, high = torch.aminmax(tokens)
-            require(int(low) >= 0 and int(high) <= cfg.n_states,
-                    f"tokens must lie in [0, {cfg.n_states}] ({cfg.n_states} is the query token)")
-        return tokens
-
-    def _dense_outputs(self) -> bool:
         block = self.blocks[0]
-        names = ("hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
-        return any(getattr(block, n).has_hooks() for n in names if hasattr(block, n))
-
-    def _dense_inputs(self) -> bool:
-        return any(h.has_hooks() for h in (self.hook_embed, self.hook_pos_embed,
-                                            self.blocks[0].hook_resid_pre))
+        u = self.u
+        K = cfg.n_states
+        token_part = None
+        if any(h.has_hooks() for h in (self.hook_embed, self.hook_pos_embed, block.hook_resid_pre)):
+            embed, pos = self._embeddings(tokens)
+            resid = block.hook_resid_pre(embed + pos)
+            keys = resid @ u
+            if cfg.normalize_tokens:
+                keys = keys / resid.norm(dim=-1) * cfg.token_norm
+            edit = self._query_edit(resid)
+            if edit is not None:
+                keys = keys + edit
+            token_part = resid[..., :K]
+        else:
+            # x~_i . u = u_tok[x_i] + p_i . u_pos, without building [batch, pos, d_model].
+            W_E, W_pos = self.W_E, self.W_pos
+            keys = TokenLookup.apply(W_E @ u, tokens) + BroadcastOverBatch.apply(W_pos @ u, tokens.shape[0])
+            if cfg.normalize_tokens:  # ||x~_i||^2 = ||embedding||^2 + ||p_i||^2 (disjoint coordinates)
+                squared = TokenLookup.apply(W_E.pow(2).sum(-1), tokens) + W_pos.pow(2).sum(-1)[None, :]
+                keys = keys / squared.sqrt() * cfg.token_norm
+        head_out = block.attn.rank_one(keys, tokens, token_part).flatten(1, 2)  # [batch, 1, d_head]
+        dense = [getattr(block, n) for n in ("hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
+                 if hasattr(block, n)]
+        if not any(h.has_hooks() for h in dense):
+            # Nothing reads the d_model-wide output stream: skip embedding into it.
+            return head_out if cfg.mlp_width is None else block.mlp(head_out)
+        # W_O writes the head output into the first d_head residual coordinates.
+        attn_out = block.hook_attn_out(F.pad(head_out, (0, cfg.d_model - cfg.d_head)))
+        if cfg.mlp_width is None:
+            resid_post = block.hook_resid_post(attn_out)
+        else:
+            resid_mid = block.hook_resid_mid(attn_out)
+            mlp_out = block.hook_mlp_out(block._mlp_out(resid_mid))
+            resid_post = block.hook_resid_post(mlp_out)
+        return resid_post[..., :K]
 
     def _query_edit(self, resid: Float[Tensor, "batch pos d_model"]) -> Optional[Float[Tensor, "batch pos"]]:
-        """What a hook's edit of the query slot's input adds to the scores ``x~_i^T W q``.
+        """What a hook's edit of the query slot's input adds to the rank-one scores ``x~_i^T W q``.
 
         The forward pass uses ``u = W x~_N`` for the query, which holds while the query slot's row of
         the residual stream is ``x~_N``. A hook may change that row (zero it, scale it, add a
@@ -547,11 +1142,11 @@ class WalkTransformer(HookedWalkModel):
 
         as_query = seen if cfg.normalize_query else (lambda rows: rows)
         rows = resid[:, -1]
-        shift = as_query(rows) - as_query(self.W_pos[-1].expand_as(rows))
+        shift = as_query(rows) - as_query((self.W_E[cfg.n_states] + self.W_pos[-1]).expand_as(rows))
         edited = bool(shift.ne(0).any())
         if not edited and not shift.requires_grad:
             return None
-        if cfg.init == "gaussian" and self.W_init.numel() == 0:
+        if cfg.init != "zero" and self.W_init.numel() == 0:
             require(not edited, "an edit of the query slot's input needs the initial W, which this "
                                 "Gaussian-initialised model was too large to keep")
             return None  # (unedited: the query's gradient leaves out its path through W, which is not kept)
@@ -562,60 +1157,17 @@ class WalkTransformer(HookedWalkModel):
             W_shift = W_shift + shift @ self.W_init.T - along * (self.W_init @ q)[None]
         return torch.einsum("bpd,bd->bp", seen(resid), W_shift)
 
-    def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch 1 K"]:
-        """The raw scores ``f(X)`` at the query slot, shaped ``[batch, 1, K]`` like logits."""
-        tokens = self._check_tokens(tokens)
-        cfg = self.cfg
-        block = self.blocks[0]
-        u = self.u
-        K = cfg.n_states
-        token_part = None
-        if self._dense_inputs():
-            embed, pos = self._embeddings(tokens)
-            resid = block.hook_resid_pre(embed + pos)
-            keys = resid @ u
-            if cfg.normalize_tokens:
-                keys = keys / resid.norm(dim=-1) * cfg.token_norm
-            edit = self._query_edit(resid)
-            if edit is not None:
-                keys = keys + edit
-            token_part = resid[..., :K]
-        else:
-            # x~_i . u = u_tok[x_i] + p_i . u_pos, without building [batch, pos, d_model].
-            keys = (self.W_E @ u)[tokens] + BroadcastOverBatch.apply(self.W_pos @ u, tokens.shape[0])
-            if cfg.normalize_tokens:  # ||x~_i||^2 = ||embedding||^2 + ||p_i||^2 (disjoint coordinates)
-                keys = keys / (self.tok_sq[tokens] + self.pos_sq[None, :]).sqrt() * cfg.token_norm
-        z = block.attn(keys, tokens, token_part)  # [batch, 1, 1, d_head]
-        head_out = z[:, :, 0, :]
-        if not self._dense_outputs():
-            # Nothing reads the d_model-wide output stream: skip embedding into it.
-            return head_out if cfg.mlp_width is None else block.mlp(head_out)
-        # W_O writes the head output into the first d_head residual coordinates.
-        attn_out = block.hook_attn_out(F.pad(head_out, (0, cfg.d_model - cfg.d_head)))
-        if cfg.mlp_width is None:
-            resid_post = block.hook_resid_post(attn_out)
-        else:
-            resid_mid = block.hook_resid_mid(attn_out)
-            scores = block.mlp(resid_mid[..., : cfg.mlp_width])
-            mlp_out = block.hook_mlp_out(F.pad(scores, (0, cfg.d_model - K)))
-            resid_post = block.hook_resid_post(mlp_out)
-        return resid_post[..., :K]
-
     def scores(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch K"]:
-        """``f(X)`` as a ``[batch, K]`` tensor."""
-        return self(tokens)[:, 0, :]
+        """The scores of the label at the query slot, ``[batch, K]``."""
+        return self(tokens)[:, -1, :]
 
-    def attention(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos"]:
-        """The attention pattern of the query slot over all N positions."""
-        store: dict[str, Tensor] = {}
-
-        def grab(pattern: Tensor, hook: HookPoint) -> None:
-            store["pattern"] = pattern
-
-        self.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_pattern", grab)])
-        return store["pattern"][:, 0, 0, :]
+    def attention(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch n_layers n_heads pos"]:
+        """The attention pattern of the query slot over all N positions, for every layer and head."""
+        names = {f"blocks.{layer}.attn.hook_pattern" for layer in range(self.cfg.n_layers)}
+        _, cache = self.run_with_cache(tokens, names_filter=lambda name: name in names)
+        return torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"][:, :, -1, :]
+                            for layer in range(self.cfg.n_layers)], dim=1)
 
 
-
-register_model_kind("walk", ModelKind(build=WalkTransformer, config_of=lambda model: model.cfg.to_dict(),
-                                       full_config=lambda config: WalkTransformerConfig.from_dict(config).to_dict()))
+register_model_kind("deep", DeepTransformer, config_of=lambda model: model.cfg.to_dict(),
+                    full_config=lambda config: DeepConfig.from_dict(config).to_dict())

@@ -1,4 +1,4 @@
-"""The paper's question-answering tasks "beyond random walks" (PAPER.md section 4), as :class:`Task` s.
+"""The paper's question-answering tasks "beyond random walks" (``docs/model.md`` section 5), as :class:`Task` s.
 
 Both are sentences over one vocabulary of 19 words, one-hot encoded in this order (token ``i`` is
 ``VOCAB[i]``; punctuation is dropped and token 19 is the query slot)::

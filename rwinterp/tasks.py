@@ -13,6 +13,10 @@ which task they hold:
   :meth:`Task.bayes_accuracy` the accuracy of the Bayes-optimal predictor, and
   :meth:`Task.parent_positions` the positions whose tokens determine the label (the *parents*;
   for a first-order chain only the token just before the query slot).
+* :attr:`Task.parents_move` says whether the task is a chain in the wide sense: every next state
+  depends on the states before it as the label does on the tokens before the query slot, so a
+  model can predict (and be probed) at every position, the parents moved back with the prediction;
+  :meth:`Task.predictive` gives the true next-state distribution at every position.
 
 A sample of a walk ``s_1 .. s_N`` is ``tokens = [s_1, ..., s_{N-1}, K]`` with label ``s_N``.
 """
@@ -28,6 +32,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from rwinterp.config import TASKS
 from rwinterp.errors import RwinterpError, require
 
 #: Largest number of samples :meth:`Task.population` will enumerate.
@@ -48,25 +53,27 @@ def register_task(cls: type["Task"]) -> type["Task"]:
     return cls
 
 
-#: Modules of the library that register further task kinds (imported when such a task is rebuilt).
-TASK_MODULES = ("rwinterp.chains", "rwinterp.qa")
+def task_class(kind: str) -> type["Task"]:
+    """The task class registered under ``kind``; the library's kinds (:data:`rwinterp.config.TASKS`) are
+    imported on first use."""
+    if kind not in _TASKS and kind in TASKS:
+        import importlib
+
+        importlib.import_module(TASKS[kind].module)
+    if kind not in _TASKS:
+        raise RwinterpError(f"unknown task kind {kind!r}; known: {', '.join(sorted(set(TASKS) | set(_TASKS)))}")
+    return _TASKS[kind]
 
 
 def task_from_dict(data: dict[str, Any]) -> "Task":
     """Rebuild a task from :meth:`Task.to_dict` output."""
+    require(isinstance(data, dict), f"a task must be a JSON object, got {type(data).__name__}")
     data = dict(data)
-    kind = data.pop("kind", None)
-    if kind not in _TASKS:
-        import importlib
-
-        for module in TASK_MODULES:
-            importlib.import_module(module)
-    if kind not in _TASKS:
-        raise RwinterpError(f"unknown task kind {kind!r}; known: {', '.join(sorted(_TASKS))}")
+    cls = task_class(data.pop("kind", None))
     try:
-        return _TASKS[kind].from_params(data)
+        return cls.from_params(data)
     except TypeError as exc:
-        raise RwinterpError(f"bad parameters for task {kind!r}: {exc}") from None
+        raise RwinterpError(f"bad parameters for task {cls.kind!r}: {exc}") from None
 
 
 @dataclass
@@ -104,6 +111,15 @@ class Task(ABC):
     kind: ClassVar[str]
     #: What one sample is called in reports ("walk", "sentence").
     sample_name: ClassVar[str] = "walk"
+    #: Whether mini-batch training draws fresh samples for every batch (an unlimited supply, such as
+    #: in-context chains) instead of resampling a fixed training set.
+    fresh_batches: ClassVar[bool] = False
+    #: Whether the parents move with the prediction: the state after ``s_1 .. s_{t+1}`` depends on the
+    #: states at the parents' offsets from it (``p - (N - 1)`` for each ``p`` of :meth:`parent_positions`) as
+    #: the label does on the parents, for every t. True for Markov chains of any order (fixed or drawn per
+    #: sequence); False for tasks whose parents sit at fixed positions of a template (question answering).
+    #: Autoregressive models, which predict at every position, need it.
+    parents_move: ClassVar[bool] = False
 
     @property
     @abstractmethod
@@ -148,6 +164,24 @@ class Task(ABC):
     @abstractmethod
     def parent_positions(self) -> tuple[int, ...]:
         """Positions (0-indexed into ``tokens``) whose tokens determine the label."""
+
+    def predictive(self, states: Int[Tensor, "batch N"]) -> Float[Tensor, "batch pred K"]:
+        """The true distribution of every next state given the states before it: row ``t`` (``t = 0 ..
+        N-2``) is ``P(s_{t+2} | s_1 .. s_{t+1})``, what an autoregressive model predicts at position t.
+
+        For a task whose parents move (:attr:`parents_move`) it is :meth:`conditional` with the parents
+        moved back with the prediction; rows whose parents would fall before the first state are NaN.
+        """
+        require(self.parents_move, f"{self.describe()} predicts its label only, not every next state")
+        N = self.seq_len
+        slots = list(self.parent_positions())
+        offsets = torch.tensor(slots) - (N - 1)  # all < 0
+        out = torch.full((states.shape[0], N - 1, self.n_states), math.nan, dtype=torch.float64)
+        window = states.new_full(states.shape, self.query_token)
+        for t in range(int(-offsets.min()) - 1, N - 1):
+            window[:, slots] = states[:, t + 1 + offsets]
+            out[:, t] = self.conditional(window).to(torch.float64)
+        return out
 
     def batch_from_states(self, states: Int[Tensor, "batch N"], weights: Tensor | None = None) -> Batch:
         """Samples from whole sequences ``s_1 .. s_N``: the last one becomes the label, its slot the query."""
@@ -229,6 +263,8 @@ class ChainOfOrder(Task):
     ``[K] * k``; subclasses validate them, each with its own messages. The label's parents are the
     last k observed tokens, positions ``N-1-k .. N-2``.
     """
+
+    parents_move = True
 
     def __init__(self, transition: Tensor, N: int, initial: Optional[Tensor]):
         K, k = int(transition.shape[0]), transition.ndim - 1
@@ -355,7 +391,8 @@ class CircleWalk(MarkovChain):
     kind = "circle"
 
     def __init__(self, K: int, p: float, N: int):
-        require(isinstance(K, int) and K >= 3, f"K must be an integer >= 3, got {K}")
+        require(isinstance(K, int) and not isinstance(K, bool) and K >= 3,
+                f"a circle needs K >= 3 states (with 2 the +1 and -1 steps coincide), got {K!r}")
         require(isinstance(p, (int, float)) and 0.0 <= float(p) <= 1.0,
                 f"p must be a number in [0, 1], got {p!r}")
         self.K = K

@@ -1,109 +1,72 @@
-"""Training: the paper's full-batch gradient descent, and the usual alternatives as options.
+"""One training loop for every model kind: the paper's full-batch gradient descent, and the usual
+alternatives as options (:class:`rwinterp.config.TrainConfig`).
 
 The paper trains V and W by plain gradient descent, ``theta <- theta - lr * grad``, on the loss
-``-log(f[y] + eps)`` averaged over 1000 sampled walks (experiments) or its expectation over all
-walks (theory, ``population=True``). The model stores ``u = W x~_N`` instead of W (see
-``rwinterp.model``), and gradient descent on W is reproduced exactly by scaling the learning rate
-of ``u`` by ``||x~_N||^2``. Mini-batch SGD (same scaling) and AdamW (on V and u directly) are
-options, as are softmax cross-entropy and squared losses.
+``-log(f[y] + eps)`` averaged over 1000 sampled walks (experiments) or its expectation over all walks
+(theory, ``population=True``). Mini-batch SGD and AdamW, softmax cross-entropy and squared losses are
+options. A model may say how its parameters are stepped (``model.param_groups``: the paper's model keeps
+only ``u = W x~_N`` of W and steps it as gradient descent on W would); every other model is trained on all
+its parameters with the plain learning rate.
 
-Every step records the loss, train and test accuracy, the mean attention on the parent position
-and the distance of V to Pi^T; a diverging loss stops training with the last good state kept.
+What the model predicts:
 
-The same loop trains any hooked model with the paper's interface (``cfg.n_states``, ``cfg.n_ctx``,
-``cfg.n_layers``, ``cfg.n_heads``, logits ``[batch, pos, K]`` whose last row is the query slot, and
-``blocks.L.attn.hook_pattern``), such as :class:`rwinterp.deep.DeepTransformer`: models without the
-paper's ``u`` are trained on all their parameters with the plain learning rate. With
-``next_token=True`` a model that predicts at every position (causal attention) is trained on
-next-state prediction: position t predicts s_{t+2} (the walk's next state) and the query slot the
-label, each position's loss averaged. Models with several heads also record the parent attention
-of every layer and head (``parent_attention_heads``).
+* **Query-slot training** (the paper's): the loss is on the scores at the last position, the label.
+* **Next-token training** (``next_token=True``): every position predicts the next state. A model that reads
+  the query token (the library's own, ``d_vocab = K + 1``) reads ``batch.tokens`` and its position t predicts
+  s_{t+2}, the query slot the label; a model whose vocabulary holds only the K states (a TransformerLens
+  bridge) reads the whole sequence ``batch.states`` and its position t predicts ``states[t + 1]``. Each
+  position's loss is averaged.
+
+Every evaluated step records the loss, train and test accuracy (of the label), the test loss, the mean
+attention on the label's parents (of every layer and head when there are several) and the distance of V
+to Pi^T; a diverging loss stops training with the last good state kept. Tasks that draw fresh samples for
+every batch (``task.fresh_batches``, the in-context chains) do so when the optimiser is mini-batch.
+
+Many seeds at once: :func:`train_seeds` trains several models of one configuration (one per seed, each with
+its own initialisation and data) in one batched computation, their parameters stacked and their forward
+pass mapped over the stack with ``torch.func.vmap`` (:mod:`rwinterp.stack`), with the same loop as
+:func:`train`: each model's history and weights are those of training it alone (float64: to 1e-10
+relative, bit for bit on the paper's model in the library's tests).
+
+Devices: training runs where the model is (``build_model(..., device=)``, ``model.to(device)``,
+:func:`resolve_device` for ``--device``); tasks sample on the CPU and the samples are moved. Threads:
+:func:`choose_threads` picks the intra-op threads (one for small models), and :func:`one_thread_per_worker`
+makes a pool's worker train with one thread.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from rwinterp import losses, stopping
-from rwinterp.errors import RwinterpError, from_dict_checked, require, require_seed
-from rwinterp.metrics import accuracy, parent_attention, transition_distance
-from rwinterp.model import WalkTransformer
+from rwinterp import losses
+from rwinterp.config import DEVICES, TrainConfig
+from rwinterp.errors import RwinterpError, require
+from rwinterp.metrics import accuracy_tensor, parent_attention_tensor, transition_distance
 from rwinterp.tasks import Batch, Task
 
-OPTIMIZERS = ("gd", "sgd", "adamw")
-REDUCTIONS = ("mean", "sum")
-
-
-#: The most training steps a config accepts (far beyond any run here; larger counts are typos).
-MAX_STEPS = 10**8
-
-
-@dataclass
-class TrainConfig:
-    """How to train. Defaults are the paper's (Fig 4: lr 1, eps 0.1, 50 steps, 1000/1000 walks)."""
-
-    lr: float = 1.0
-    eps: float = 0.1
-    steps: int = 50
-    loss: str = "log"
-    optimizer: str = "gd"
-    batch_size: Optional[int] = None
-    weight_decay: float = 0.0
-    n_train: int = 1000
-    n_test: int = 1000
-    population: bool = False
-    seed: int = 0
-    next_token: bool = False
-    reduction: str = "mean"
-
-    def __post_init__(self) -> None:
-        require(isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0,
-                f"lr must be positive and finite, got {self.lr}")
-        require(isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps > 0,
-                f"eps must be positive and finite, got {self.eps}")
-        require(isinstance(self.steps, int) and 0 <= self.steps <= MAX_STEPS,
-                f"steps must be in [0, {MAX_STEPS}], got {self.steps}")
-        require(self.loss in losses.LOSSES, f"loss must be one of {', '.join(losses.LOSSES)}, got {self.loss!r}")
-        require(self.optimizer in OPTIMIZERS,
-                f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
-        require(self.batch_size is None or self.batch_size >= 1, "batch size must be >= 1")
-        require(isinstance(self.weight_decay, (int, float)) and math.isfinite(self.weight_decay)
-                and self.weight_decay >= 0, f"weight decay must be a non-negative number, got {self.weight_decay}")
-        require(self.batch_size is None or self.optimizer != "gd",
-                "a batch size needs --optimizer sgd or adamw (gd is full-batch gradient descent)")
-        require_seed(self.seed)
-        require(self.n_train >= 1 and self.n_test >= 1, "n-train and n-test must be >= 1")
-        require(not (self.population and self.batch_size is not None),
-                "population mode trains on the exact expectation, in one full batch: a batch size does not apply")
-        require(self.batch_size is None or self.batch_size <= self.n_train,
-                f"batch size {self.batch_size} is larger than the {self.n_train} training samples")
-        require(self.reduction in REDUCTIONS,
-                f"reduction must be one of {', '.join(REDUCTIONS)}, got {self.reduction!r}")
-        require(not (self.population and self.optimizer == "sgd"),
-                "population mode trains on the exact expectation: use --optimizer gd or adamw")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        return from_dict_checked(cls, data, "training config")
+__all__ = ["TrainConfig", "TrainResult", "TrainingDiverged", "train", "train_seeds", "make_data", "held_out_data"]
 
 
 @dataclass
 class TrainResult:
-    """Per-step history (step 0 is the initial model) and where training ended."""
+    """Per-step history (step 0 is the initial model; with ``eval_every`` > 1 only the evaluated steps), the
+    checkpoints kept (``(step, state_dict)``) and where training ended."""
 
     history: list[dict[str, Any]] = field(default_factory=list)
     train_seconds: float = 0.0
     bayes_accuracy: float = math.nan
+    checkpoints: list[tuple[int, dict[str, torch.Tensor]]] = field(default_factory=list)
+    #: Why training stopped early (:func:`train_seeds`, where one model's diverging loss does not stop the
+    #: others); None for a run that finished. :func:`train` raises :class:`TrainingDiverged` instead.
+    diverged: Optional[str] = None
 
     @property
     def final(self) -> dict[str, Any]:
@@ -119,13 +82,13 @@ class TrainingDiverged(RwinterpError):
 
 
 def data_seeds(seed: int) -> tuple[int, int]:
-    """Independent seeds for the training and the test walks, derived from one seed."""
+    """Independent seeds for the training and the test samples, derived from one seed."""
     train, test = np.random.SeedSequence(seed).generate_state(2)
     return int(train), int(test)
 
 
 def make_data(task: Task, config: TrainConfig) -> tuple[Batch, Batch]:
-    """The training and test data: sampled walks, or the exact population for both."""
+    """The training and test data: sampled, or the exact population for both."""
     if config.population:
         pop = task.population()
         return pop, pop
@@ -133,35 +96,68 @@ def make_data(task: Task, config: TrainConfig) -> tuple[Batch, Batch]:
 
 
 def held_out_data(task: Task, config: TrainConfig) -> Batch:
-    """The test data of :func:`make_data` alone (the training walks are not drawn)."""
+    """The test data of :func:`make_data` alone (the training samples are not drawn)."""
     if config.population:
         return task.population()
     return task.sample(config.n_test, data_seeds(config.seed)[1])
 
 
-def logits_and_pattern(model: WalkTransformer, tokens: torch.Tensor, store: dict) -> torch.Tensor:
-    """Logits of ``tokens``; ``store["heads"][L]`` gets the query slot's attention ``[batch, heads, pos]`` of layer
-    L and ``store["pattern"]`` that of the first head (the paper's model has only that one)."""
+def model_states(model: torch.nn.Module) -> int:
+    """How many states the model predicts: ``cfg.n_states`` (the library's model), else its output vocabulary."""
+    cfg = model.cfg
+    states = getattr(cfg, "n_states", None) or getattr(cfg, "d_vocab_out", -1)
+    return int(states) if states and states > 0 else int(cfg.d_vocab)
+
+
+def reads_states(model: torch.nn.Module, task: Task) -> bool:
+    """Whether ``model`` reads whole sequences (its vocabulary holds the K states but not the query token)
+    rather than ``batch.tokens``."""
+    return int(model.cfg.d_vocab) < task.d_vocab
+
+
+def model_inputs(batch: Batch, states: bool) -> torch.Tensor:
+    require(not states or batch.states is not None, "this model reads whole sequences, which this task lacks")
+    return batch.states if states else batch.tokens
+
+
+def label_row(states: bool) -> int:
+    """Index of the logits row that predicts the label: the query slot, or the position before it."""
+    return -2 if states else -1
+
+
+def logits_and_pattern(model: torch.nn.Module, inputs: torch.Tensor, store: dict, row: int = -1,
+                       **forward_kwargs: Any) -> torch.Tensor:
+    """Logits of ``inputs``; ``store["heads"][L]`` gets row ``row`` of layer L's attention pattern
+    ``[batch, heads, pos]`` (the query slot's, or the row that predicts the label) and ``store["pattern"]``
+    that of the first head. ``forward_kwargs`` go to the model's forward pass."""
     heads: list[torch.Tensor] = []
     store["heads"] = heads
 
     def grab(pattern: torch.Tensor, hook: Any) -> None:
-        heads.append(pattern[:, :, -1, :].detach())
+        heads.append(pattern[:, :, row if pattern.shape[2] > 1 else -1, :].detach())
 
     hooks = [(f"blocks.{layer}.attn.hook_pattern", grab) for layer in range(model.cfg.n_layers)]
-    logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+    logits = model.run_with_hooks(inputs, fwd_hooks=hooks, **forward_kwargs)
     store["pattern"] = heads[0][:, 0]
     return logits
 
 
-def objective(config: TrainConfig, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """The training loss: on the query slot's scores, or (``next_token``) on every position's."""
+def next_token_targets(batch: Batch, states: bool) -> torch.Tensor:
+    """What every position predicts (see the module docstring)."""
+    require(batch.states is not None, "next-token training needs a task that provides whole sequences")
+    return batch.states[:, 1:] if states else torch.cat([batch.states[:, 1:], batch.labels[:, None]], dim=1)
+
+
+def objective(config: TrainConfig, logits: torch.Tensor, batch: Batch, states: bool = False,
+              K: Optional[int] = None) -> torch.Tensor:
+    """The training loss: on the label's scores, or (``next_token``) on every position's."""
+    K = K or logits.shape[-1]
     if not config.next_token:
-        return losses.loss(config.loss, logits[:, -1, :], batch.labels, batch.weights, config.eps)
-    require(logits.shape[1] == batch.tokens.shape[1],
+        return losses.loss(config.loss, logits[:, label_row(states), :K], batch.labels, batch.weights, config.eps)
+    targets = next_token_targets(batch, states)
+    logits = logits[:, : targets.shape[1], :K]
+    require(logits.shape[1] == targets.shape[1],
             "next-token training needs a model that predicts at every position (attention='causal')")
-    require(batch.states is not None, "next-token training needs a task that provides whole walks")
-    targets = torch.cat([batch.states[:, 1:], batch.labels[:, None]], dim=1)
     per_position = losses.per_sample_loss(config.loss, logits.flatten(0, 1), targets.flatten(), config.eps)
     return losses.average(per_position.view(targets.shape).mean(1), batch.weights)
 
@@ -169,11 +165,10 @@ def objective(config: TrainConfig, logits: torch.Tensor, batch: Batch) -> torch.
 def reduction_scale(config: TrainConfig, batch: Batch) -> float:
     """What the mean loss is multiplied by before the gradient step.
 
-    ``reduction="mean"`` (the paper's reading): 1. ``reduction="sum"``: the loss summed over the
-    walks of the batch rather than averaged, i.e. the mean times the number of walks (with
-    ``population=True``, ``n_train`` times the expectation: the expected summed loss over ``n_train``
-    walks). Plain gradient descent on the sum with learning rate ``lr`` is gradient descent on the
-    mean with learning rate ``lr * n``. The recorded ``loss`` stays the mean per walk.
+    ``reduction="mean"`` (the paper's reading): 1. ``reduction="sum"``: the loss summed over the samples of
+    the batch rather than averaged, i.e. the mean times their number (with ``population=True``, ``n_train``
+    times the expectation). Plain gradient descent on the sum with learning rate ``lr`` is gradient descent
+    on the mean with learning rate ``lr * n``. The recorded ``loss`` stays the mean per sample.
     """
     if config.reduction == "mean":
         return 1.0
@@ -205,134 +200,596 @@ class GradientDescent(torch.optim.Optimizer):
                 p.sub_(group["lr"] * direction)
 
 
-def _optimizer(model: WalkTransformer, config: TrainConfig) -> torch.optim.Optimizer:
-    """The optimiser of the paper's parameters, V and W (and A), whichever way the model stores them.
-
-    :class:`~rwinterp.model.WalkTransformer` keeps only ``u = W q`` of the paper's W (q the query
-    vector), and every W-gradient is ``g q^T`` with ``g = dL/du``. Gradient descent on W therefore
-    moves u by ``||q||^2`` times gradient descent's step on u. Adam on W normalises each entry
-    ``g_i q_j`` by its own running size, which leaves ``sign(q_j)`` times Adam's step for ``g_i``:
-    it moves u by ``||q||_1`` times Adam's step on u (up to Adam's small eps). Weight decay shrinks
-    W, and so u, by ``lr * weight_decay`` per step whatever the scale; the part of W that u does not
-    hold (a stored Gaussian ``W_init`` off the query direction) is shrunk by :func:`train`.
-    """
+def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """The optimiser, on the model's own parameter groups where it has them (``model.param_groups``)."""
     cls = torch.optim.AdamW if config.optimizer == "adamw" else GradientDescent
-    u = getattr(model, "u", None)
-    if not isinstance(u, torch.nn.Parameter):  # a model that stores its weights as they are
-        return cls(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    scale = float(model.query_vector().abs().sum()) if config.optimizer == "adamw" else model.u_lr_scale()
-    others = [p for p in model.parameters() if p is not u]
-    return cls([{"params": others},
-                {"params": [u], "lr": config.lr * scale, "weight_decay": config.weight_decay / scale}],
-               lr=config.lr, weight_decay=config.weight_decay)
+    groups = getattr(model, "param_groups", None)
+    params = (groups(config.optimizer, config.lr, config.weight_decay) if callable(groups)
+              else list(model.parameters()))
+    return cls(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
-def _v_distance(model: WalkTransformer, task: Task) -> Optional[float]:
+def _v_distance(model: torch.nn.Module, task: Task) -> Optional[float]:
     Pi = getattr(task, "transition_matrix", None)
     V = getattr(model, "V", None)
     if Pi is None or V is None or V.shape[0] != model.cfg.n_states:
         return None
-    d = transition_distance(V, Pi())
+    d = transition_distance(V.detach().cpu(), Pi())  # (on the CPU: a K x K matrix, read with one transfer)
     return None if math.isnan(d) else d
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    tensor = next(iter(model.parameters()), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
+
+
+def _to(batch: Batch, device: torch.device) -> Batch:
+    if batch.tokens.device == device:
+        return batch
+    move = (lambda t: None if t is None else t.to(device))
+    return Batch(move(batch.tokens), move(batch.labels), move(batch.weights), move(batch.states))
+
+
+def fresh_seed(seed: int, step: int) -> int:
+    """The seed of the fresh batch of ``step`` (independent of the training and test samples' seeds)."""
+    return int(np.random.SeedSequence([seed, 1, step]).generate_state(1)[0])
+
+
+def _check_pair(model: torch.nn.Module, task: Task, config: TrainConfig) -> bool:
+    """Refuse a model that cannot be trained on ``task`` as ``config`` says; returns whether it reads whole
+    sequences (:func:`reads_states`)."""
+    cfg = model.cfg
+    require(model_states(model) == task.n_states,
+            f"the model predicts K={model_states(model)} states but the task has {task.n_states}")
+    require(cfg.n_ctx >= task.seq_len if reads_states(model, task) else cfg.n_ctx == task.seq_len,
+            f"the model has N={cfg.n_ctx} positions but the task has {task.seq_len}")
+    states = reads_states(model, task)
+    require(not states or config.next_token,
+            "this model reads whole sequences and predicts every next state: train it with next-token "
+            "prediction (--next-token) and a loss on logits (--loss xent)")
+    require(getattr(cfg, "mlp_width", None) is None or getattr(cfg, "init", "gaussian") != "zero",
+            "an FC layer (mlp width) initialised at zero never trains: both of its weight matrices start at 0 and "
+            "the gradient of each is a product with the other; use a Gaussian init (--init gaussian)")
+    return states
+
+
 def train(
-    model: WalkTransformer,
+    model: torch.nn.Module,
     task: Task,
     config: TrainConfig,
     data: Optional[tuple[Batch, Batch]] = None,
     progress: Optional[bool] = None,
-    callback: Optional[Callable[[int, WalkTransformer, dict[str, Any]], None]] = None,
+    callback: Optional[Callable[[int, torch.nn.Module, dict[str, Any]], None]] = None,
 ) -> TrainResult:
-    """Train ``model`` in place on ``task``; returns the per-step history.
+    """Train ``model`` in place on ``task``; returns the history (and checkpoints if asked for).
 
     ``data`` (train, test) defaults to :func:`make_data`. ``progress=None`` shows a bar only on a
-    terminal. ``callback(step, model, record)``, if given, runs after each step's record is taken,
-    while the model still holds that step's parameters (step 0: the initial model); it must not
+    terminal. ``callback(step, model, record)``, if given, runs after each evaluated step's record is
+    taken, while the model still holds that step's parameters (step 0: the initial model); it must not
     change the model. Raises :class:`TrainingDiverged` (with the history so far) if the loss stops being
-    finite; the model then holds the parameters of the last step whose loss was finite.
+    finite; the model then holds the parameters of the last step whose loss was finite. Every tensor that
+    training makes is on the model's device (the task samples on the CPU; its samples are moved).
     """
-    require(model.cfg.n_states == task.n_states,
-            f"the model has K={model.cfg.n_states} states but the task has {task.n_states}")
-    require(model.cfg.n_ctx == task.seq_len,
-            f"the model has N={model.cfg.n_ctx} positions but the task has {task.seq_len}")
-    require(getattr(model.cfg, "mlp_width", None) is None or model.cfg.init != "zero",
-            "an FC layer (mlp width) initialised at zero never trains: both of its weight matrices start at 0 and "
-            "the gradient of each is a product with the other; use a Gaussian init (--init gaussian)")
-    train_data, test_data = data if data is not None else make_data(task, config)
-    result = TrainResult(bayes_accuracy=task.bayes_accuracy())
-    optimizer = _optimizer(model, config)
+    states = _check_pair(model, task, config)
+    result = _fit(_Alone(model, config, states), task, [config], [data], progress, callback)[0]
+    if result.diverged is not None:
+        raise TrainingDiverged(result.diverged, result)
+    return result
+
+
+def train_seeds(
+    models: Sequence[torch.nn.Module],
+    task: Task,
+    configs: Sequence[TrainConfig],
+    data: Optional[Sequence[Optional[tuple[Batch, Batch]]]] = None,
+    progress: Optional[bool] = None,
+    callback: Optional[Callable[[int, torch.nn.Module, dict[str, Any]], None]] = None,
+) -> list[TrainResult]:
+    """Train several independent models (one per seed) on ``task`` in one batched computation; returns one
+    :class:`TrainResult` per model, as ``train(models[i], task, configs[i])`` would.
+
+    ``models[i]`` is trained with ``configs[i]``: the models must be of one kind and configuration apart from
+    their seed (``model_config(m)`` equal but for ``seed``), the configs equal but for ``seed``; typically::
+
+        seeds = range(20)
+        models = [build_model("deep", {**options, "seed": s}) for s in seeds]
+        results = train_seeds(models, task, [config.replace(seed=s) for s in seeds])
+
+    Each model draws its own data from its config's seed (``data[i]``, if given, replaces it), so that each
+    model's initialisation, data, mini-batches and fresh batches are exactly those of training it alone. The
+    models' parameters are stacked and their forward pass mapped over the stack with ``torch.func.vmap``
+    (:mod:`rwinterp.stack`): one forward and one backward pass per step for all of them. Each model's history
+    and final weights equal those of training it alone up to round-off (float64: to 1e-10 relative; in the
+    library's tests they are bit-identical on the paper's model), and ``train_seconds`` is the time of the
+    whole batch.
+
+    A model whose loss stops being finite stops there as with :func:`train` (it keeps the parameters of its
+    last finite step, its history ends there) without stopping the others: its result's ``diverged`` holds
+    the reason (:class:`TrainingDiverged`'s message) instead of an exception being raised. ``callback(step,
+    model, record)`` runs for each model after each of its evaluated steps. The models are trained in place
+    and left in eval mode. (The process's C library is asked to keep freed memory for the next step:
+    :func:`keep_freed_memory`.)
+    """
+    models, configs = list(models), list(configs)
+    require(len(models) >= 1, "train_seeds needs at least one model")
+    require(len(configs) == len(models), f"{len(models)} models but {len(configs)} training configs")
+    data = [None] * len(models) if data is None else list(data)
+    require(len(data) == len(models), f"{len(models)} models but {len(data)} data sets")
+    from rwinterp.runs import model_config, model_kind_of
+
+    kind, first = model_kind_of(models[0]), _without_seed(model_config(models[0]))
+    for i, model in enumerate(models[1:], 1):
+        require(model_kind_of(model) == kind and _without_seed(model_config(model)) == first,
+                f"model {i} differs from model 0 in more than its seed; train_seeds trains one configuration")
+    for i, config in enumerate(configs[1:], 1):
+        require(_without_seed(config.to_dict()) == _without_seed(configs[0].to_dict()),
+                f"training config {i} differs from config 0 in more than its seed")
+    states = [_check_pair(model, task, config) for model, config in zip(models, configs)]
+    keep_freed_memory()
+    return _fit(_Stacked(models, configs[0], states[0]), task, configs, data, progress, callback)
+
+
+def _without_seed(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k != "seed"}
+
+
+# ---------------------------------------------------------------------------------------- the loop
+@dataclass
+class _Pass:
+    """One forward pass of every model: the mean loss (``[]`` alone, ``[models]`` stacked), the logits and, where
+    asked for, each layer's attention rows (``[batch, heads, pos]``, with the models first when stacked)."""
+
+    loss: torch.Tensor
+    logits: torch.Tensor
+    heads: list[torch.Tensor]
+
+
+class _Alone:
+    """:func:`train`'s one model, run as itself."""
+
+    def __init__(self, model: torch.nn.Module, config: TrainConfig, states: bool):
+        self.models = [model]
+        self.config, self.states, self.K = config, states, model_states(model)
+        self.optimizer = make_optimizer(model, config)
+        self.decaying = model.decaying_buffers() if config.weight_decay and hasattr(model, "decaying_buffers") else []
+        # Only the parameters change during training, and under weight decay what a model's parameters do not
+        # hold (the paper's stored initial W): the other buffers need no copy.
+        self.changing = [*model.parameters(), *self.decaying]
+
+    def join(self, batches: list[Batch], check: bool = True) -> Batch:
+        return batches[0]
+
+    def one(self, tensor: torch.Tensor, i: int) -> torch.Tensor:
+        return tensor
+
+    def forward(self, batch: Batch, patterns: bool) -> _Pass:
+        model, store = self.models[0], {}
+        inputs = model_inputs(batch, self.states)
+        row = label_row(self.states)
+        logits = logits_and_pattern(model, inputs, store, row) if patterns else model(inputs)
+        return _Pass(objective(self.config, logits, batch, self.states, self.K), logits, store.get("heads", []))
+
+    def values(self, loss: torch.Tensor) -> list[float]:
+        return [float(loss.detach())]
+
+    def backward(self, loss: torch.Tensor, scale: float) -> None:
+        (loss * scale).backward()
+
+    def snapshot(self) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in self.changing]
+
+    def restore(self, i: int, snapshot: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for p, good in zip(self.changing, snapshot):
+                p.copy_(good)
+
+    def finish(self) -> None:
+        pass
+
+
+class _Stacked(_Alone):
+    """:func:`train_seeds`'s models, run as one stack (:class:`rwinterp.stack.ModelStack`)."""
+
+    def __init__(self, models: list[torch.nn.Module], config: TrainConfig, states: bool):
+        from rwinterp.stack import ModelStack
+
+        own = getattr(models[0], "decaying_buffers", None)
+        decaying = own() if config.weight_decay and callable(own) else []
+        names = [n for n, b in models[0].named_buffers() if any(b is t for t in decaying)]
+        self.stack = stack = ModelStack(models, stacked_buffers=names)
+        self.models = models
+        self.config, self.states, self.K = config, states, model_states(models[0])
+        self.optimizer = _stacked_optimizer(stack, config)
+        self.decaying = [stack.buffers[n] for n in names]
+        self.changing = [*stack.params.values(), *self.decaying]
+        forward = inspect.signature(models[0].forward).parameters
+        # (a check of the token values reads the data, which cannot be done under vmap: done in join)
+        self.kwargs = {"check": False} if "check" in forward else {}
+        self.d_vocab = int(models[0].cfg.d_vocab)
+
+    def join(self, batches: list[Batch], check: bool = True) -> "_Joined":  # type: ignore[override]
+        """The models' batches as one; ``check``: check the token values first (given data; the samples that
+        training draws are the task's own)."""
+        shared = all(b is batches[0] for b in batches)  # (the population: one for every model)
+        for batch in (batches[:1] if shared else batches) if check else ():
+            if batch.tokens.numel():  # (what the model's own check would refuse)
+                low, high = torch.aminmax(model_inputs(batch, self.states))
+                require(int(low) >= 0 and int(high) < self.d_vocab,
+                        f"tokens must lie in [0, {self.d_vocab - 1}], got [{int(low)}, {int(high)}]")
+        if shared:
+            return _Joined(batches[0], None)
+        stack = (lambda ts: None if ts[0] is None else torch.stack(ts))
+        return _Joined(Batch(stack([b.tokens for b in batches]), stack([b.labels for b in batches]),
+                             stack([b.weights for b in batches]), stack([b.states for b in batches])), 0)
+
+    def one(self, tensor: torch.Tensor, i: int) -> torch.Tensor:
+        return tensor[i]
+
+    def forward(self, joined: "_Joined", patterns: bool) -> _Pass:  # type: ignore[override]
+        config, states, K, kwargs = self.config, self.states, self.K, self.kwargs
+        row = label_row(states)
+
+        def one(model: torch.nn.Module, tokens: Any, labels: Any, weights: Any, seqs: Any) -> tuple:
+            batch, store = Batch(tokens, labels, weights, seqs), {}
+            inputs = model_inputs(batch, states)
+            logits = logits_and_pattern(model, inputs, store, row, **kwargs) if patterns else model(inputs, **kwargs)
+            return objective(config, logits, batch, states, K), logits, tuple(store.get("heads", ()))
+
+        b, dim = joined.batch, joined.dim
+        dims = [None if t is None else dim for t in (b.tokens, b.labels, b.weights, b.states)]
+        loss, logits, heads = self.stack.map(one, b.tokens, b.labels, b.weights, b.states, in_dims=dims)
+        return _Pass(loss, logits, list(heads))
+
+    def values(self, loss: torch.Tensor) -> list[float]:
+        return loss.detach().tolist()
+
+    def backward(self, loss: torch.Tensor, scale: float) -> None:
+        # Each model's loss depends on its own slice alone: the sum's gradient is every model's gradient.
+        (loss * scale).sum().backward()
+
+    def restore(self, i: int, snapshot: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for p, good in zip(self.changing, snapshot):
+                p[i].copy_(good[i])
+
+    def finish(self) -> None:
+        self.stack.release()
+
+
+@dataclass
+class _Joined:
+    """The models' batches as one: stacked along a first dimension (``dim = 0``), or one batch for all."""
+
+    batch: Batch
+    dim: Optional[int]
+
+
+def _stacked_optimizer(stack: Any, config: TrainConfig) -> torch.optim.Optimizer:
+    """:func:`make_optimizer` on the stacked parameters: the first model's parameter groups, each parameter
+    replaced by its stack (every model must step its parameters alike)."""
+    def groups(model: torch.nn.Module) -> list[dict[str, Any]]:
+        own = getattr(model, "param_groups", None)
+        found = (own(config.optimizer, config.lr, config.weight_decay) if callable(own)
+                 else [{"params": list(model.parameters())}])
+        names = {id(p): n for n, p in model.named_parameters()}
+        return [{**g, "params": [names[id(p)] for p in g["params"]]} for g in found]
+
+    first = groups(stack.template)
+    for i, model in enumerate(stack.models[1:], 1):
+        require(groups(model) == first, f"model {i} steps its parameters unlike model 0 (its optimiser's "
+                                        "parameter groups differ); train it alone")
+    cls = torch.optim.AdamW if config.optimizer == "adamw" else GradientDescent
+    params = [{**g, "params": [stack.params[n] for n in g["params"]]} for g in first]
+    return cls(params, lr=config.lr, weight_decay=config.weight_decay)
+
+
+def _fit(
+    trainees: _Alone,
+    task: Task,
+    configs: list[TrainConfig],
+    data: list[Optional[tuple[Batch, Batch]]],
+    progress: Optional[bool],
+    callback: Optional[Callable[[int, torch.nn.Module, dict[str, Any]], None]],
+) -> list[TrainResult]:
+    """The training loop of :func:`train` (one model) and :func:`train_seeds` (a stack of them)."""
+    models = trainees.models
+    config = configs[0]  # (the configs differ only in their seeds)
+    cfg = models[0].cfg
+    device = model_device(models[0])
+    n = len(models)
+    sets = []
+    for own, given in zip(configs, data):
+        if given is None and config.population and sets and data[0] is None:
+            sets.append(sets[0])  # one population for every model
+            continue
+        train_data, test_data = given if given is not None else make_data(task, own)
+        moved = _to(train_data, device)
+        sets.append((moved, moved if test_data is train_data else _to(test_data, device)))
+    results = [TrainResult(bayes_accuracy=task.bayes_accuracy()) for _ in models]
     parents = task.parent_positions()
+    K = task.n_states
+    states = trainees.states
     full_batch = config.optimizer == "gd" or config.batch_size is None
-    gen = torch.Generator().manual_seed(data_seeds(config.seed)[0] + 1)
-    model.train()
+    fresh = not full_batch and getattr(task, "fresh_batches", False)
+    gens = [torch.Generator().manual_seed(data_seeds(own.seed)[0] + 1) for own in configs]
+    train_all = trainees.join([s[0] for s in sets])
+    test_all = None if all(s[1] is s[0] for s in sets) else trainees.join([s[1] for s in sets])
+    row = label_row(states)
+    live = list(range(n))  # the models still training
+    for model in models:
+        model.train()
     start = time.perf_counter()
     bar = tqdm(range(config.steps + 1), desc="train", disable=(None if progress is None else not progress),
                leave=False)
-    # Only the parameters change during training, and under weight decay a stored Gaussian W_init (the part
-    # of W off the query direction, which decays with W): the other buffers need no copy.
-    W_init = getattr(model, "W_init", None)
-    decaying = [W_init] if config.weight_decay and W_init is not None and W_init.numel() else []
-    changing = [*model.parameters(), *decaying]
-    last_good = [p.detach().clone() for p in changing]
+    last_good = trainees.snapshot()
+    frozen: dict[int, list[torch.Tensor]] = {}  # stopped models' last good parameters
+
+    def stop(i: int, step: int, scores: Optional[torch.Tensor], batch: Batch, loss_value: float) -> None:
+        """Model i's loss is not finite: it stops, and gets its last good parameters back after this step (not now:
+        the other models' backward pass still reads the stack as it was)."""
+        frozen[i] = last_good
+        live.remove(i)
+        results[i].train_seconds = time.perf_counter() - start
+        results[i].diverged = _divergence(models[i], step, config, scores, batch, loss_value)
+
     for step in bar:
-        stopping.check()  # a Ctrl-C or SIGTERM whose exception was lost (see rwinterp.stopping)
-        store: dict[str, Any] = {}
-        logits = logits_and_pattern(model, train_data.tokens, store)
-        scores = logits[:, -1, :]
-        loss = objective(config, logits, train_data)
-        loss_value = float(loss.detach())
-        if not math.isfinite(loss_value):
+        evaluate = step % config.evaluation_interval == 0 or step == config.steps
+        loss = None
+        if evaluate or full_batch:
+            out = trainees.forward(train_all, patterns=True)
+            loss = out.loss
+            loss_values = trainees.values(loss)
+            for i in list(live):
+                if not math.isfinite(loss_values[i]):
+                    scores = trainees.one(out.logits, i)[:, row, :K]
+                    stop(i, step, scores, sets[i][0], loss_values[i])
+            if not live:
+                break
+        if evaluate:
             with torch.no_grad():
-                for p, good in zip(changing, last_good):
-                    p.copy_(good)
-            model.eval()
-            result.train_seconds = time.perf_counter() - start
-            where = ("at initialisation" if step == 0
-                     else f"at step {step}; the model keeps the state after step {step - 1}")
-            if config.loss == "log" and bool((scores.detach().gather(1, train_data.labels[:, None]) + config.eps
-                                              <= 0).any()):
-                # -log(f_y + eps) needs f_y > -eps: raw scores that can be negative (a large random
-                # initialisation, a model whose outputs are logits) leave it undefined.
-                if step:
-                    other = ", or a smaller --lr or --weight-decay"
-                else:  # only a Gaussian initialisation has a scale to make smaller
-                    other = ", or a smaller --sigma" if getattr(model.cfg, "init", None) == "gaussian" else ""
-                raise TrainingDiverged(f"the loss -log(f_y + eps) is undefined {where}: some score f_y is at or "
-                                       f"below -eps = {-config.eps:g} (use --loss xent{other})", result)
-            raise TrainingDiverged(f"the loss became {loss_value} {where}", result)
-        with torch.no_grad():
-            test_scores = scores if test_data is train_data else logits_and_pattern(
-                model, test_data.tokens, store)[:, -1, :]
-        record = {
-            "step": step,
-            "loss": loss_value,
-            "train_accuracy": accuracy(scores.detach(), train_data.labels, train_data.weights),
-            "test_accuracy": accuracy(test_scores.detach(), test_data.labels, test_data.weights),
-            "parent_attention": parent_attention(store["pattern"], parents, test_data.weights),
-            "v_distance": _v_distance(model, task),
-        }
-        if model.cfg.n_layers * model.cfg.n_heads > 1:
-            record["parent_attention_heads"] = [
-                [parent_attention(layer[:, h], parents, test_data.weights) for h in range(layer.shape[1])]
-                for layer in store["heads"]]
-        result.history.append(record)
-        if callback is not None:
-            callback(step, model, record)
-        bar.set_postfix(loss=f"{loss_value:.4f}", acc=f"{record['test_accuracy']:.3f}")
+                test = out if test_all is None else trainees.forward(test_all, patterns=True)
+                test_values = loss_values if test_all is None else trainees.values(test.loss)
+            # Every model's accuracies and attention, as tensors read back at once (one transfer from a GPU).
+            numbers = []
+            for i in live:
+                train_data, test_data = sets[i]
+                scores = trainees.one(out.logits, i)[:, row, :K].detach()
+                test_scores = trainees.one(test.logits, i)[:, row, :K].detach()
+                heads = [trainees.one(layer, i) for layer in test.heads]
+                numbers += [accuracy_tensor(scores, train_data.labels, train_data.weights),
+                            accuracy_tensor(test_scores, test_data.labels, test_data.weights)]
+                numbers += [parent_attention_tensor(layer[:, h], parents, test_data.weights)
+                            for layer in heads for h in range(layer.shape[1])]
+            numbers = iter(torch.stack(numbers).tolist())
+            for i in live:
+                record = {
+                    "step": step,
+                    "loss": loss_values[i],
+                    "train_accuracy": next(numbers),
+                    "test_accuracy": next(numbers),
+                    "test_loss": test_values[i],
+                }
+                per_head = [[next(numbers) for _ in range(cfg.n_heads)] for _ in range(cfg.n_layers)]
+                record["parent_attention"] = per_head[0][0]
+                record["v_distance"] = _v_distance(models[i], task)
+                if cfg.n_layers * cfg.n_heads > 1:
+                    record["parent_attention_heads"] = per_head
+                results[i].history.append(record)
+                if callback is not None:
+                    callback(step, models[i], record)
+            shown = [results[i].history[-1] for i in live]
+            bar.set_postfix(loss=f"{sum(r['loss'] for r in shown) / len(shown):.4f}",
+                            acc=f"{sum(r['test_accuracy'] for r in shown) / len(shown):.3f}")
+        if config.checkpoint_every and step % config.checkpoint_every == 0:
+            for i in live:
+                results[i].checkpoints.append(
+                    (step, {k: v.detach().clone() for k, v in models[i].state_dict().items()}))
         if step == config.steps:
             break
-        last_good = [p.detach().clone() for p in changing]
-        optimizer.zero_grad(set_to_none=True)
+        last_good = trainees.snapshot()
+        trainees.optimizer.zero_grad(set_to_none=True)
         if not full_batch:
-            idx = torch.randint(len(train_data), (config.batch_size,), generator=gen)
-            mini = train_data[idx]
-            loss = objective(config, model(mini.tokens), mini)
-        (loss * reduction_scale(config, train_data if full_batch else mini)).backward()
-        optimizer.step()
+            minis = []
+            for i, own in enumerate(configs):
+                if fresh:
+                    minis.append(_to(task.sample(config.batch_size, fresh_seed(own.seed, step)), device))
+                else:
+                    picked = torch.randint(len(sets[i][0]), (config.batch_size,), generator=gens[i])
+                    minis.append(sets[i][0][picked.to(device)])
+            out = trainees.forward(trainees.join(minis, check=False), patterns=False)
+            loss = out.loss
+            if not evaluate:
+                values = trainees.values(loss)
+                for i in list(live):
+                    if not math.isfinite(values[i]):
+                        stop(i, step, None, minis[i], values[i])
+                if not live:
+                    break
+        trainees.backward(loss, reduction_scale(config, sets[0][0] if full_batch else minis[0]))
+        trainees.optimizer.step()
         with torch.no_grad():
-            for t in decaying:  # W <- (1 - lr weight_decay) W, coupled (gd, sgd) or decoupled (adamw) alike
+            for t in trainees.decaying:  # W <- (1 - lr weight_decay) W, coupled (gd, sgd) or decoupled (adamw) alike
                 t.mul_(1 - config.lr * config.weight_decay)
-    model.eval()
-    result.train_seconds = time.perf_counter() - start
-    return result
+        for i, good in frozen.items():  # (a stopped model keeps its last good parameters)
+            trainees.restore(i, good)
+    for i, good in frozen.items():
+        trainees.restore(i, good)
+    elapsed = time.perf_counter() - start
+    for i, model in enumerate(models):
+        model.eval()
+        if results[i].diverged is None:
+            results[i].train_seconds = elapsed
+    trainees.finish()
+    return results
+
+
+def _divergence(model: torch.nn.Module, step: int, config: TrainConfig, scores: Optional[torch.Tensor], batch: Batch,
+                loss_value: float) -> str:
+    """Why training stopped at ``step``, in one line."""
+    where = "at initialisation" if step == 0 else f"at step {step}; the model keeps the state after step {step - 1}"
+    if (config.loss == "log" and scores is not None
+            and bool((scores.detach().gather(1, batch.labels[:, None]) + config.eps <= 0).any())):
+        # -log(f_y + eps) needs f_y > -eps: raw scores that can be negative (a large random
+        # initialisation, a model whose outputs are logits) leave it undefined.
+        if step:
+            other = ", or a smaller --lr or --weight-decay"
+        else:  # only a random initialisation has a scale to make smaller
+            other = ", or a smaller --sigma" if getattr(model.cfg, "init", None) == "gaussian" else ""
+        return (f"the loss -log(f_y + eps) is undefined {where}: some score f_y is at or "
+                f"below -eps = {-config.eps:g} (use --loss xent{other})")
+    return f"the loss became {loss_value} {where}"
+
+
+# ---------------------------------------------------------------------------------------- memory
+def check_memory(options: Any, task: Task, config: TrainConfig, device: "str | torch.device" = "cpu",
+                 copies: int = 1) -> None:
+    """Refuse, in one line naming the setting to lower, a run whose weights and activations would not fit in
+    the memory available (the device's free memory on a GPU), before the model is built. ``options`` is a
+    model's options with ``element_counts()`` (:class:`rwinterp.config.DeepOptions`, ``BridgeOptions``);
+    a model kind without it is not checked. ``copies``: how many such models train at once (the seeds of
+    :func:`train_seeds`, or jobs side by side on one machine)."""
+    counts = getattr(options, "element_counts", None)
+    if not callable(counts):
+        return
+    itemsize = 4 if getattr(options, "dtype", "float64") == "float32" else 8
+    weights, per_sample = (n * itemsize * copies for n in counts())
+    samples = task.population_size() if config.population else max(config.n_train, config.n_test)
+    needed = samples * per_sample + weights
+    device = torch.device(device)
+    available = available_memory(device)
+    if available is None or needed <= available:
+        return
+    many = f" for {copies} models" if copies > 1 else ""
+    if samples * per_sample >= weights:
+        lower = "use sampled data instead of --population" if config.population else "lower --n-train and --n-test"
+        lower += (f", --N or the model's width ({samples} samples of about {per_sample / copies / 2**20:.3g} MiB "
+                  "each)")
+    else:
+        lower = "lower the model's size (K, --M, --d-model, --layers, --heads)"
+    if copies > 1:
+        lower += " or the number of seeds"
+    raise RwinterpError(f"not enough memory: this run needs about {needed / 2**30:.3g} GiB{many}, more than the "
+                        f"{available / 2**30:.3g} GiB available{'' if device.type == 'cpu' else ' on ' + str(device)}; "
+                        f"{lower}")
+
+
+def available_memory(device: torch.device) -> Optional[int]:
+    """Bytes free for a new allocation: the GPU's free memory, or the machine's available memory (Linux's
+    MemAvailable); None where that cannot be read."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+# ---------------------------------------------------------------------------------------- threads
+#: Below this many numbers per step (activations times samples) a model is overhead-bound: a second intra-op
+#: thread only adds hand-offs, and on a shared machine threads that spin while waiting for each other make it
+#: several times slower.
+SMALL_STEP = 5 * 10**7
+
+
+def choose_threads(options: Any, task: Task, config: TrainConfig, copies: int = 1) -> int:
+    """Intra-op threads for training a model of ``options`` (``copies`` of them at once, as
+    :func:`train_seeds` does): one for a small step (fewer than :data:`SMALL_STEP` numbers), else the
+    cores not already busy (the machine's load average taken off its CPU count), at least one."""
+    import os
+
+    counts = getattr(options, "element_counts", None)
+    samples = config.batch_size or (task.population_size() if config.population else config.n_train)
+    if callable(counts) and copies * samples * counts()[1] < SMALL_STEP:
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return max(1, min(cpus, round(cpus - busy)))
+
+
+#: The environment of a worker process that runs one job of a pool beside others: one thread for every
+#: threading library torch may use. For ``ProcessPoolExecutor(initializer=one_thread_per_worker)`` this is set
+#: by the initialiser; for a Ray task pass it as ``runtime_env={"env_vars": WORKER_ENV}`` (and call
+#: :func:`one_thread_per_worker` first thing in the task, for a worker process Ray reuses).
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+def one_thread_per_worker() -> None:
+    """Make this process a pool worker that trains with one intra-op thread (and tells the processes it
+    starts to do the same, :data:`WORKER_ENV`).
+
+    Jobs that run side by side on one machine each get a core of their own: a worker with several threads
+    on a shared machine spins waiting for threads that other processes have put off their cores, and a
+    small model then trains several times slower than on one thread (``benchmarks/bench_threads.py``). Use
+    it as a process pool's initialiser, or call it at the start of a Ray task."""
+    import os
+
+    os.environ.update(WORKER_ENV)
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # (only possible before the first parallel work of this process)
+        pass
+
+
+_MEMORY_KEPT = False
+
+
+def keep_freed_memory() -> None:
+    """Ask glibc's malloc to keep the memory a training step frees for the next step (Linux; elsewhere
+    nothing). Called by :func:`train_seeds`; once per process.
+
+    A step allocates and frees the same tensors every time. glibc gives a freed block above its thresholds
+    back to the operating system (``munmap``, or by trimming the heap) and maps fresh pages for the next
+    step, whose first touch costs a page fault per 4 KiB: with 20 seeds of the Fig 4 setting (15 MB per
+    activation) that was a third of the step's time. With ``M_MMAP_THRESHOLD`` at its largest (32 MiB) and
+    a 2 GiB ``M_TRIM_THRESHOLD`` the blocks stay in the heap and are reused; the process keeps the memory
+    of its largest step until it ends."""
+    global _MEMORY_KEPT
+    if _MEMORY_KEPT:
+        return
+    _MEMORY_KEPT = True
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+        libc.mallopt(M_MMAP_THRESHOLD, 32 * 2**20)
+    except (OSError, AttributeError):  # another C library (musl): nothing to ask
+        pass
+
+
+# ---------------------------------------------------------------------------------------- devices
+def resolve_device(name: "str | torch.device | None") -> torch.device:
+    """The device a ``--device`` (or ``device=``) names: ``cpu``; ``cuda`` or ``cuda:N`` (a one-line error
+    where there is no such GPU); ``auto``: the GPU if there is one, else the CPU. None: the CPU."""
+    if name is None:
+        return torch.device("cpu")
+    if isinstance(name, torch.device):
+        name = str(name)
+    require(isinstance(name, str) and (name in DEVICES or name.startswith("cuda:")),
+            f"device must be one of {', '.join(DEVICES)} (or cuda:N), got {name!r}")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise RwinterpError(f"device must be one of {', '.join(DEVICES)} (or cuda:N), got {name!r}") from None
+    require(torch.cuda.is_available(), f"--device {name}: there is no CUDA GPU here (torch.cuda.is_available() "
+                                       "is False); use --device cpu or auto")
+    count = torch.cuda.device_count()
+    require(device.index is None or device.index < count,
+            f"--device {name}: there {'is' if count == 1 else 'are'} only {count} CUDA GPU{'s' * (count != 1)}")
+    return device

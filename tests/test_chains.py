@@ -17,6 +17,7 @@ from rwinterp.chains import (
 )
 from rwinterp.errors import RwinterpError
 from rwinterp.tasks import CircleWalk, MarkovChain, task_from_dict
+from tests.conftest import RTOL, assert_close
 
 
 def test_lazy_walk_is_the_circle_walk_that_may_stay():
@@ -27,7 +28,7 @@ def test_lazy_walk_is_the_circle_walk_that_may_stay():
     assert torch.equal(Pi, expected)
     assert torch.equal(LazyWalk(K, p, 0.0, 10).transition_matrix(), CircleWalk(K, p, 10).transition_matrix())
     # Bayes: the largest of stay, (1-s) p, (1-s)(1-p) in every row (the uniform start is stationary).
-    assert task.bayes_accuracy() == pytest.approx(max(s, (1 - s) * p, (1 - s) * (1 - p)), abs=1e-15)
+    assert task.bayes_accuracy() == pytest.approx(max(s, (1 - s) * p, (1 - s) * (1 - p)), rel=RTOL)
     # A lazy deterministic walk is no longer deterministic.
     assert LazyWalk(K, 1.0, 0.5, 10).population_size() == K * 2**9
 
@@ -42,8 +43,8 @@ def test_torus_walk_moves_to_one_of_four_neighbours():
         neighbours = {((r + dr) % rows) * cols + (c + dc) % cols for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1))}
         assert set(torch.nonzero(Pi[node]).flatten().tolist()) == neighbours
         assert torch.all(Pi[node, list(neighbours)] == 0.25)
-    assert task.bayes_accuracy() == pytest.approx(0.25, abs=1e-15)
-    assert TorusWalk(rows, cols, 9, stay=0.6).bayes_accuracy() == pytest.approx(0.6, abs=1e-15)
+    assert task.bayes_accuracy() == pytest.approx(0.25, rel=RTOL)
+    assert TorusWalk(rows, cols, 9, stay=0.6).bayes_accuracy() == pytest.approx(0.6, rel=RTOL)
     # A side of length 2: the two neighbours along it coincide (probability 1/2).
     assert TorusWalk(2, 3, 5).transition_matrix()[0, 3] == 0.5
 
@@ -56,7 +57,7 @@ def test_random_regular_graph_is_simple_regular_and_seeded():
     assert not torch.equal(A, random_regular_adjacency(10, 3, seed=5))
     task = RegularGraphWalk(10, 3, 8, graph_seed=4)
     assert torch.equal(task.transition_matrix(), A / 3)
-    assert task.bayes_accuracy() == pytest.approx(1 / 3, abs=1e-15)
+    assert task.bayes_accuracy() == pytest.approx(1 / 3, rel=RTOL)
 
 
 def test_non_uniform_start_changes_the_parent_marginal_and_the_bayes_accuracy():
@@ -66,8 +67,8 @@ def test_non_uniform_start_changes_the_parent_marginal_and_the_bayes_accuracy():
     task = LazyWalk(K, 1.0, 0.3, N, initial=start)
     Pi = task.transition_matrix()
     marginal = torch.tensor(start, dtype=torch.float64) @ torch.linalg.matrix_power(Pi, N - 2)
-    assert torch.allclose(task.parent_marginal(), marginal, atol=1e-15)
-    assert task.bayes_accuracy() == pytest.approx(float(marginal @ Pi.max(1).values), abs=1e-15)
+    assert_close(task.parent_marginal(), marginal)
+    assert task.bayes_accuracy() == pytest.approx(float(marginal @ Pi.max(1).values), rel=RTOL)
     pop = task.population()
     assert torch.all(pop.states[:, 0] == 0) and pop.weights.sum().item() == pytest.approx(1.0, abs=1e-12)
     # Exact population accuracy of the Bayes predictor equals bayes_accuracy().
@@ -117,12 +118,12 @@ def test_first_order_chain_is_the_k1_case():
     circle = CircleWalk(5, 0.7, 7)
     chain = HigherOrderChain(circle.transition_matrix(), 7)
     assert chain.order == 1 and chain.parent_positions() == circle.parent_positions() == (5,)
-    assert chain.bayes_accuracy() == pytest.approx(circle.bayes_accuracy(), abs=1e-15)
+    assert chain.bayes_accuracy() == pytest.approx(circle.bayes_accuracy(), rel=RTOL)
     assert chain.population_size() == circle.population_size() == 5 * 2**6
     a, b = chain.sample(40, 3), MarkovChain(circle.transition_matrix(), 7).sample(40, 3)
     assert torch.equal(a.states, b.states) and torch.equal(a.tokens, b.tokens)
     pop = chain.population()
-    assert torch.allclose(chain.conditional(pop.tokens), circle.conditional(pop.tokens))
+    assert_close(chain.conditional(pop.tokens), circle.conditional(pop.tokens))
 
 
 def test_persistent_walk_needs_both_parents():
@@ -130,7 +131,7 @@ def test_persistent_walk_needs_both_parents():
     task = PersistentWalk(K, q, N)
     assert task.parent_positions() == (N - 3, N - 2)
     assert task.bayes_accuracy() == q
-    assert HigherOrderChain.bayes_accuracy(task) == pytest.approx(q, abs=1e-14)  # the generic formula
+    assert HigherOrderChain.bayes_accuracy(task) == pytest.approx(q, rel=RTOL)  # the generic formula
     pop = task.population()
     assert len(pop) == task.population_size() == K * 2 ** (N - 1)
     # Given both parents the label continues the last step with probability q, exactly.

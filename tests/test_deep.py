@@ -15,13 +15,13 @@ from transformer_lens.patching import get_act_patch_attn_head_out_all_pos, get_a
 
 from rwinterp.chains import PersistentWalk
 from rwinterp.cli import main
-from rwinterp.deep import DeepConfig, DeepTransformer, from_walk_transformer
+from rwinterp.model import DeepConfig, DeepTransformer
 from rwinterp.errors import RwinterpError
 from rwinterp.metrics import accuracy
 from rwinterp.runs import load_run, save_run
 from rwinterp.tasks import CircleWalk
 from rwinterp.training import TrainConfig, train
-from tests.conftest import paper_model
+from tests.conftest import F32, assert_close, full_w_copy, paper_model
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -34,7 +34,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-# ---------------------------------------------------------------------- the paper's model as a config
+# ---------------------------------------------------------------------- the rank-one query is a path
 @pytest.mark.parametrize("options", [
     {},
     {"pos_embedding": "sine"},
@@ -43,33 +43,33 @@ def one_thread():
     {"mlp_width": 4},
     {"mlp_width": 4, "act_fn": "linear"},
 ])
-def test_paper_configuration_gives_the_paper_models_outputs(options):
+def test_the_rank_one_query_gives_the_full_models_outputs(options):
+    """Storing only u = W x~_N computes what the whole W computes: outputs, attention, hooked edits of the
+    query slot's input, and the gradient at the embeddings."""
     task = CircleWalk(5, 0.7, 9)
-    walk = paper_model(task, pos_dim=24, init="gaussian", init_sigma=0.3, seed=1, **options)
-    deep = from_walk_transformer(walk)
+    paper = paper_model(task, pos_dim=24, init="gaussian", init_sigma=0.3, seed=1, **options)
+    full = full_w_copy(paper)
     tokens = task.sample(64, 0).tokens
     with torch.no_grad():
-        expected = walk(tokens)
+        expected = paper(tokens)
         assert expected.abs().max() > 0.1  # not a trivially zero output
-        assert torch.allclose(deep(tokens), expected, rtol=0, atol=1e-13)
-        assert torch.allclose(deep.attention(tokens)[:, 0, 0], walk.attention(tokens), rtol=0, atol=1e-13)
-    if "mlp_width" not in options:
-        assert torch.allclose(deep.V, walk.V.detach(), atol=1e-15)
-    # Hooks that edit the query slot's input reach the query in both models (the paper's model uses
-    # u = W x~_N only while that row is x~_N), and its gradient includes the query's path through W.
-    shift = torch.linspace(-1.0, 1.0, walk.cfg.d_model, dtype=torch.float64)
+        assert_close(full(tokens), expected)
+        assert_close(full.attention(tokens), paper.attention(tokens))
+    assert torch.equal(full.V, paper.V)
+    # Hooks that edit the query slot's input reach the query in both (the rank-one path uses u = W x~_N only
+    # while that row is x~_N), and the gradient includes the query's path through W.
+    shift = torch.linspace(-1.0, 1.0, paper.cfg.d_model, dtype=torch.float64)
     for edit in (lambda a: a.flip(-1), lambda a: a + shift):
         def hook(act, hook):
             return torch.cat([act[:, :-1], edit(act[:, -1:])], dim=1)
 
         for name in ("hook_pos_embed", "blocks.0.hook_resid_pre"):
             with torch.no_grad():
-                edited = walk.run_with_hooks(tokens, fwd_hooks=[(name, hook)])
+                edited = paper.run_with_hooks(tokens, fwd_hooks=[(name, hook)])
                 assert (edited - expected).abs().max() > 1e-3  # the edit changes the output
-                assert torch.allclose(deep.run_with_hooks(tokens, fwd_hooks=[(name, hook)])[:, -1:], edited,
-                                      rtol=0, atol=1e-13)
+                assert_close(full.run_with_hooks(tokens, fwd_hooks=[(name, hook)]), edited)
     grads = []
-    for model in (walk, deep):
+    for model in (paper, full):
         store = {}
 
         def save(grad, hook):
@@ -80,24 +80,25 @@ def test_paper_configuration_gives_the_paper_models_outputs(options):
         model.reset_hooks()
         model.zero_grad()
         grads.append(store["g"])
-    assert grads[0][:, -1].abs().max() > 1e-3 and torch.allclose(grads[0], grads[1], rtol=0, atol=1e-12)
+    assert grads[0][:, -1].abs().max() > 1e-3
+    assert_close(grads[1], grads[0])
 
 
-def test_paper_configuration_trains_like_the_paper():
-    """Gradient descent on the deep model's merged W is the paper's gradient descent on W (which
-    the paper's model runs through u = W x~_N): same W, V and history after 3 population steps."""
+def test_the_rank_one_query_trains_like_the_whole_W():
+    """Gradient descent on the whole merged W is gradient descent on u = W x~_N with the learning rate scaled
+    by ||x~_N||^2: same W, V and history after 3 population steps."""
     task = CircleWalk(5, 0.7, 9)
-    walk = paper_model(task, pos_dim=16, init="gaussian", init_sigma=0.05, seed=3)
-    deep = from_walk_transformer(walk)
+    paper = paper_model(task, pos_dim=16, init="gaussian", init_sigma=0.05, seed=3)
+    full = full_w_copy(paper)
     config = TrainConfig(lr=0.5, eps=1.0, steps=3, population=True)
-    a = train(walk, task, config, progress=False)
-    b = train(deep, task, config, progress=False)
-    assert torch.allclose(deep.blocks[0].attn.W[0].detach(), walk.W, atol=1e-12)
-    assert torch.allclose(deep.V.detach(), walk.V.detach(), atol=1e-12)
+    a = train(paper, task, config, progress=False)
+    b = train(full, task, config, progress=False)
+    assert_close(full.W.detach(), paper.W)
+    assert_close(full.V.detach(), paper.V.detach())
     for ra, rb in zip(a.history, b.history):
-        assert rb["loss"] == pytest.approx(ra["loss"], abs=1e-12)
-        assert rb["test_accuracy"] == ra["test_accuracy"]
-        assert rb["parent_attention"] == pytest.approx(ra["parent_attention"], abs=1e-12)
+        assert_close(rb["loss"], ra["loss"])
+        assert rb["test_accuracy"] == ra["test_accuracy"]  # the same predictions, summed alike
+        assert_close(rb["parent_attention"], ra["parent_attention"])
 
 
 # ---------------------------------------------------------------------- TransformerLens compatibility
@@ -121,30 +122,30 @@ def test_hooks_weights_and_cache_follow_transformer_lens(options):
     assert isinstance(cache, ActivationCache)
     Q = 1 if cfg.attention == "query" else 7
     assert logits.shape == (8, Q, 5)
-    assert torch.allclose(cache["hook_embed"], model.W_E[tokens])
+    assert_close(cache["hook_embed"], model.W_E[tokens])
     resid = cache["hook_embed"] + cache["hook_pos_embed"]
     for layer in range(cfg.n_layers):
         pre = cache[f"blocks.{layer}.hook_resid_pre"]
-        assert torch.allclose(pre, resid)
+        assert_close(pre, resid)
         scores = cache[f"blocks.{layer}.attn.hook_attn_scores"]
         pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
         assert scores.shape == pattern.shape == (8, cfg.n_heads, Q, 7)
-        assert torch.allclose(torch.softmax(scores, -1), pattern)  # hook_attn_scores is pre-softmax
+        assert_close(torch.softmax(scores, -1), pattern)  # hook_attn_scores is pre-softmax
         # W_Q, W_K reproduce the scores: q . k / attn_scale (normalised rows where configured).
         x = pre / pre.norm(dim=-1, keepdim=True) if cfg.normalize_tokens else pre
         q = torch.einsum("bqm,hmd->bhqd", x[:, -Q:], model.W_Q[layer])
         k = torch.einsum("bpm,hmd->bhpd", x, model.W_K[layer])
         expected = torch.einsum("bhqd,bhpd->bhqp", q, k) / cfg.attn_scale
         visible = torch.isfinite(scores)
-        assert torch.allclose(scores[visible], expected[visible])
+        assert_close(scores[visible], expected[visible])
         # W_V, W_O: the head outputs add up to attn_out.
         v = torch.einsum("bpm,hmd->bphd", pre, model.W_V[layer])
-        assert torch.allclose(cache[f"blocks.{layer}.attn.hook_v"], v)
+        assert_close(cache[f"blocks.{layer}.attn.hook_v"], v)
         attn_out = torch.einsum("bqhd,hdm->bqm", cache[f"blocks.{layer}.attn.hook_z"], model.W_O[layer])
-        assert torch.allclose(cache[f"blocks.{layer}.hook_attn_out"], attn_out)
+        assert_close(cache[f"blocks.{layer}.hook_attn_out"], attn_out)
         resid = cache[f"blocks.{layer}.hook_resid_post"]
         assert resid.shape == (8, 7, cfg.d_model)
-    assert torch.allclose(logits, resid[:, -Q:] @ model.W_U)
+    assert_close(logits, resid[:, -Q:] @ model.W_U)
     # Editing a hook changes the output: uniform attention in the last layer.
     last = f"blocks.{cfg.n_layers - 1}.attn.hook_pattern"
     edited = model.run_with_hooks(tokens, fwd_hooks=[(last, lambda p, hook: torch.ones_like(p) / p.shape[-1])])
@@ -168,22 +169,27 @@ def test_transformer_lens_patching_functions_run_on_the_model():
             tokens = corrupted.tokens.clone()
             tokens[:, j] = clean.tokens[:, j]
             # (TransformerLens stores the patched metrics in float32)
-            assert float(patched[0, j]) == pytest.approx(float(metric(model(tokens))), rel=1e-6)
+            assert float(patched[0, j]) == pytest.approx(float(metric(model(tokens))), rel=F32)
         heads = get_act_patch_attn_head_out_all_pos(model, corrupted.tokens, cache, metric)
     assert heads.shape == (2, 2)
 
 
 # ---------------------------------------------------------------------- query mode without the stream
 class LargestTensor(TorchDispatchMode):
-    """Records the size of the largest tensor any operation returns while it is active."""
+    """Records the size of the largest tensor any operation returns while it is active, and every shape."""
 
     numel = 0
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else [out]:
             if isinstance(t, torch.Tensor):
                 self.numel = max(self.numel, t.numel())
+                self.shapes.add(tuple(t.shape))
         return out
 
 
@@ -222,11 +228,38 @@ def test_query_mode_without_the_stream_gives_the_streams_outputs_and_gradients(o
     (implicit, grads, implicit_numel), (stream, stream_grads, stream_numel) = runs
     assert 0 < implicit_numel < B * (N - 1) * cfg.d_model / 2 < B * N * cfg.d_model <= stream_numel
     assert stream.abs().max() > 0.1 and implicit.shape == stream.shape == (B, 1, K)
-    assert torch.allclose(implicit, stream, rtol=0, atol=1e-12)
+    assert_close(implicit, stream)
     assert set(grads) == set(stream_grads) and len(grads) >= 2
     for name, grad in grads.items():
         assert stream_grads[name].abs().max() > 0, name  # every parameter is reached
-        assert torch.allclose(grad, stream_grads[name], rtol=0, atol=1e-11), name
+        assert_close(grad, stream_grads[name], what=name)
+
+
+@pytest.mark.parametrize("attn_scale", [1.0, 4.0])
+def test_fused_causal_attention_gives_the_explicit_paths_outputs_and_gradients(attn_scale):
+    """With nothing hooking a causal layer's scores or pattern, it runs torch's fused attention and builds no
+    ``[batch, H, pos, pos]`` pattern; a hook on the pattern forces the explicit softmax. Same logits and
+    gradients for every parameter, up to round-off."""
+    K, N, B = 5, 12, 16
+    cfg = DeepConfig.standard(K, N, n_layers=2, n_heads=2, d_model=8, attn_scale=attn_scale, seed=4)
+    model = DeepTransformer(cfg)
+    tokens = CircleWalk(K, 0.7, N).sample(B, 3).tokens
+    runs = []
+    for hooks in ([], [(f"blocks.{l}.attn.hook_pattern", lambda act, hook: act) for l in range(2)]):
+        model.zero_grad()
+        with LargestTensor() as largest:
+            logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+            logits.pow(2).sum().backward()
+        runs.append((logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters()},
+                     largest.shapes))
+    (fused, grads, fused_shapes), (explicit, explicit_grads, explicit_shapes) = runs
+    pattern = (B, 2, N, N)
+    assert pattern in explicit_shapes and pattern not in fused_shapes
+    assert explicit.abs().max() > 0.1
+    assert_close(fused, explicit)
+    for name, grad in grads.items():
+        assert explicit_grads[name].abs().max() > 0, name
+        assert_close(grad, explicit_grads[name], what=name)
 
 
 # ---------------------------------------------------------------------- Theorem 4.1 with depth
@@ -342,8 +375,8 @@ def test_probes_locate_both_parents(second_order):
 
 # ---------------------------------------------------------------------- errors, runs and the CLI
 @pytest.mark.parametrize("options, message", [
-    ({"n_layers": 0}, "the number of layers must be an integer >= 1"),
-    ({"n_heads": 1.5}, "the number of heads must be an integer >= 1"),
+    ({"n_layers": 0}, "the number of layers must be an integer in [1, 256], got 0"),
+    ({"n_heads": 1.5}, "the number of heads must be an integer in [1, 256], got 1.5"),
     ({"pos_mode": "stacked"}, "pos mode must be one of concat, added"),
     ({"pos_dim": 5}, "orthogonal positional embeddings need M >= N"),
     ({"pos_mode": "added", "values": "all"}, "added positional embeddings need d_model"),
@@ -352,9 +385,9 @@ def test_probes_locate_both_parents(second_order):
      "one-hot tokens need d_model >= K"),
     ({"d_head": 40}, "the fixed readout needs d_head <= d_model"),
     ({"d_token": 3}, "one-hot tokens take d_token = K"),
-    ({"attn_scale": 0}, "attn_scale must be positive"),
+    ({"attn_scale": 0}, "attn_scale must be a positive number, got 0"),
     ({"init": "xavier"}, "init must be one of zero, gaussian, standard"),
-    ({"mlp_width": 0}, "mlp width must be a positive integer"),
+    ({"mlp_width": 0}, "the mlp width must be an integer >= 1, got 0"),
     ({"dtype": "float16"}, "dtype must be one of float32, float64"),
 ])
 def test_invalid_configs_have_clear_errors(options, message):
@@ -400,20 +433,21 @@ def test_cli_trains_a_deep_model_on_a_chain_and_a_fresh_process_loads_it(tmp_pat
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--layers", "2"], "--layers needs --model deep"),
-    (["--model", "deep", "--heads", "100000"], "a deep model takes at most 256 heads, got 100000"),
-    (["--model", "deep", "--layers", "257"], "a deep model takes at most 256 layers, got 257"),
-    (["--q", "0.7"], "--q does not apply to --task circle"),
-    (["--task", "torus"], "--task torus needs --rows and --cols"),
-    (["--task", "torus", "--rows", "2", "--cols", "3", "--K", "5"], "a 2 x 3 torus has K = 6 states, not 5"),
-    (["--task", "lazy", "--start", "9"], "--start state must be an integer in [0, 4]"),
+    (["--K", "5", "--layers", "2"], "--layers needs --model deep"),
+    (["--K", "5", "--model", "deep", "--heads", "100000"],
+     "the number of heads must be an integer in [1, 256], got 100000"),
+    (["--K", "5", "--model", "deep", "--layers", "257"], "the number of layers must be an integer in [1, 256], got 257"),
+    (["--K", "5", "--q", "0.7"], "--q does not apply to --task circle"),
+    (["--task", "torus"], "--task torus needs --rows"),
+    (["--task", "torus", "--rows", "2", "--K", "5"], "--K does not apply to --task torus"),
+    (["--K", "5", "--task", "lazy", "--initial", "9"], "--initial state must be an integer in [0, 4], got 9"),
     (["--task", "persistent", "--K", "5", "--model", "deep", "--pos-mode", "added"],
      "added positional embeddings need d_model"),
     (["--model", "deep", "--pe", "learned", "--init", "standard", "--key-query", "factored", "--attention",
       "causal", "--loss", "xent", "--next-token", "--task", "regular", "--K", "5"], "must be even"),
 ])
 def test_cli_bad_deep_and_chain_options_are_one_line(args, message, capsys):
-    argv = ["train", "--K", "5", "--N", "6", "--M", "12", "--steps", "1", "--n-train", "20", "--n-test", "20", *args]
+    argv = ["train", "--N", "6", "--M", "12", "--steps", "1", "--n-train", "20", "--n-test", "20", *args]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
@@ -421,7 +455,7 @@ def test_cli_bad_deep_and_chain_options_are_one_line(args, message, capsys):
 
 def test_cli_next_token_training_of_a_standard_model(capsys):
     argv = ["train", "--model", "deep", "--preset", "standard", "--d-model", "16", "--task", "lazy", "--K", "5",
-            "--N", "6", "--p", "0.9", "--stay", "0.05", "--start", "0", "--optimizer", "adamw", "--lr", "0.02",
+            "--N", "6", "--p", "0.9", "--stay", "0.05", "--initial", "0", "--optimizer", "adamw", "--lr", "0.02",
             "--loss", "xent", "--next-token", "--steps", "60", "--n-train", "300", "--n-test", "300", "--json"]
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
@@ -451,13 +485,13 @@ def test_backward_hooks_fire_at_every_hook_point(options):
 
 
 def test_the_merged_W_stays_rank_one_from_zero_initialisation():
-    """PAPER.md section 2: the query x~_N = [0; p_N] is the same for every walk, so every W-gradient is
-    g x~_N^T. The deep model stores the whole W: from zero init it stays rank one, its only non-zero
-    column the query's coordinate K + N - 1 (orthogonal embeddings), and the columns that multiply the
-    query's token coordinates (W_11, W_21) stay zero."""
+    """The query x~_N = [0; p_N] is the same for every walk, so every W-gradient is g x~_N^T (what the
+    rank-one query relies on). Stored whole, W stays rank one from zero init, its only non-zero column the
+    query's coordinate K + N - 1 (orthogonal embeddings), and the columns that multiply the query's token
+    coordinates (W_11, W_21) stay zero."""
     K, N = 5, 9
     task = CircleWalk(K, 0.7, N)
-    model = DeepTransformer(DeepConfig.paper(K, N, 16))
+    model = DeepTransformer(DeepConfig.paper(K, N, 16, rank_one_query=False))
     train(model, task, TrainConfig(steps=5, population=True), progress=False)
     W = model.blocks[0].attn.W.detach()[0]  # score = x_k^T W x_q
     nonzero = sorted({int(j) for j in torch.nonzero(W.abs().sum(0)).flatten()})
@@ -474,10 +508,10 @@ def test_activation_cache_decompositions_on_a_standard_model():
     states = task.sample(4, 0).states
     logits, cache = model.run_with_cache(states)
     parts = cache.get_full_resid_decomposition()
-    assert torch.allclose(parts.sum(0), cache["blocks.1.hook_resid_post"], atol=1e-12)
+    assert_close(parts.sum(0), cache["blocks.1.hook_resid_post"], scale=parts)
     y = states[:, -1]
     attrs = cache.logit_attrs(cache.accumulated_resid(), tokens=y)  # [layer, batch, pos]
-    assert torch.allclose(attrs[-1], logits.gather(-1, y[:, None, None].expand(-1, 10, 1))[..., 0], atol=1e-12)
+    assert_close(attrs[-1], logits.gather(-1, y[:, None, None].expand(-1, 10, 1))[..., 0])
 
 
 def test_residual_stream_methods_on_query_slot_models_ask_for_the_last_position():
@@ -492,11 +526,11 @@ def test_residual_stream_methods_on_query_slot_models_ask_for_the_last_position(
         with pytest.raises(RwinterpError, match=rf"^ActivationCache.{method}: .*pass pos_slice=-1$"):
             getattr(cache, method)()
     last = cache["blocks.1.hook_resid_post"][:, -1]
-    assert torch.allclose(cache.decompose_resid(pos_slice=-1).sum(0), last, rtol=0, atol=1e-12)
-    assert torch.allclose(cache.get_full_resid_decomposition(pos_slice=-1).sum(0), last, rtol=0, atol=1e-12)
+    for parts in (cache.decompose_resid(pos_slice=-1), cache.get_full_resid_decomposition(pos_slice=-1)):
+        assert_close(parts.sum(0), last, scale=parts)
     y = tokens[:, 0]
     attrs = cache.logit_attrs(cache.decompose_resid(pos_slice=-1), tokens=y)  # [component, batch]
-    assert torch.allclose(attrs.sum(0), logits[:, 0].gather(-1, y[:, None])[:, 0], rtol=0, atol=1e-12)
+    assert_close(attrs.sum(0), logits[:, 0].gather(-1, y[:, None])[:, 0], scale=attrs)
     paper = paper_model(CircleWalk(5, 0.7, 7), pos_dim=12, init="gaussian", init_sigma=0.3)
     _, cache = paper.run_with_cache(tokens)
     with pytest.raises(RwinterpError, match="no residual stream"):

@@ -16,6 +16,7 @@ from experiments.spec import (Claim, Computed, FigureSpec, Record, Results, RunS
                               binomial_tol, is_true, near, walk_run)
 from rwinterp.cli import main
 from rwinterp.errors import RwinterpError
+from tests.conftest import RTOL, assert_close
 
 PAPER_FIGURES = {"2", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13"}
 EXTRA_STUDIES = {"fragility", "theorem31", "lockin", "probes", "readings"}
@@ -31,6 +32,7 @@ def test_every_figure_and_study_has_a_spec():
     assert PAPER_FIGURES | EXTRA_STUDIES <= set(discover())
 
 
+@pytest.mark.slow
 def test_every_spec_runs_in_reduced_mode_and_writes_its_report(reduced_report):
     rep, out = reduced_report
     assert {f.spec.id for f in rep.figures} == set(discover())
@@ -50,14 +52,17 @@ def test_every_spec_runs_in_reduced_mode_and_writes_its_report(reduced_report):
     for c in rep.claims:
         assert c.claim.replace("|", "\\|") in text
     assert "REDUCED MODE" in text
-    by_figure = text.split("## By figure")[1].split("## Every claim")[0]
-    for fig in rep.figures:  # one row per figure, counting its claims that hold
+    by_figure = text.split("## Every claim")[0]  # the opening table: one row per figure, its claims that hold
+    for fig in rep.figures:
         held = sum(c.holds for c in fig.claims)
-        verdict = "all" if held == len(fig.claims) else f"**{held} of {len(fig.claims)}**"
-        assert f"| [{fig.spec.id}]({fig.image}) | {fig.spec.title} | {verdict} |" in by_figure
+        verdict = f"all {held}" if held == len(fig.claims) else f"**{held} of {len(fig.claims)}**"
+        assert f"| [{fig.spec.id}]({fig.image}): {fig.spec.title} | {verdict} |" in by_figure
+        if held < len(fig.claims):  # and why the others do not
+            assert (fig.spec.shortfall or "see the claims' notes below") in by_figure
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.slow
 def test_claims_marked_for_reduced_mode_hold_there(reduced_report):
     rep, _ = reduced_report
     marked = [(f.spec.id, spec_claim, result) for f in rep.figures
@@ -80,11 +85,11 @@ def test_runs_spelled_differently_are_one_run_and_a_real_change_is_another():
     task = {"kind": "circle", "K": 6, "p": 0.5, "N": 13}
     terse = RunSpec("a", task, {"pos_dim": 50}, {"lr": 1})
     spelled = RunSpec("b", {**task, "kind": "circle"}, {"pos_dim": 50, "init": "zero", "seed": 0, "n_ctx": 13,
-                                                        "kind": "walk"}, {"lr": 1.0, "steps": 50, "seed": 0})
+                                                        "kind": "deep"}, {"lr": 1.0, "steps": 50, "seed": 0})
     assert terse.key() == spelled.key() and terse.steps() == 50
     changes = [RunSpec("c", {**task, "p": 0.7}, {"pos_dim": 50}, {"lr": 1}),
                RunSpec("d", task, {"pos_dim": 50, "seed": 1}, {"lr": 1}),
-               RunSpec("e", task, {"pos_dim": 50, "kind": "deep"}, {"lr": 1}),
+               RunSpec("e", task, {"pos_dim": 50, "rank_one_query": False}, {"lr": 1}),
                RunSpec("f", task, {"pos_dim": 50}, {"lr": 1, "reduction": "sum"})]
     assert len({terse.key()} | {run.key() for run in changes}) == 1 + len(changes)
     specs = [FigureSpec(name, "t", "c", runs=[run]) for name, run in (("x", terse), ("y", spelled))]
@@ -151,6 +156,7 @@ def test_a_claims_measured_explanation_is_added_to_its_note_only_when_it_fails()
     assert out[2].error is None and "ValueError: no run" in out[2].note
 
 
+@pytest.mark.slow
 def test_a_terminated_reproduction_leaves_nothing_behind(tmp_path):
     """SIGTERM (kill, a timeout) unwinds like Ctrl-C: the scratch directory of figures goes with it."""
     import signal
@@ -161,7 +167,7 @@ def test_a_terminated_reproduction_leaves_nothing_behind(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "rwinterp.cli", "reproduce", "4", "--reduced", "--jobs", "1",
                              "--out", str(tmp_path / "rr"), "--no-progress"], stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not any(p.name.startswith(".reproduce-") for p in tmp_path.iterdir()) and time.monotonic() < deadline:
+    while not any(p.name.startswith(".rr.tmp-") for p in tmp_path.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -169,7 +175,8 @@ def test_a_terminated_reproduction_leaves_nothing_behind(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_ctrl_c_at_a_terminal_stops_the_workers_quietly(tmp_path):
+@pytest.mark.slow
+def test_ctrl_c_at_a_terminal_stops_the_workers_quietly(tmp_path, ctrl_c_handled):
     """Ctrl-C at a terminal reaches the whole process group, training workers included: only this process
     answers it (the workers start with SIGINT blocked and are ended by it), in one line, at once."""
     import signal
@@ -218,25 +225,26 @@ def test_unknown_figures_and_quantities_are_one_line_errors(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "rwinterp: error: --list takes no figures, --out or --reduced"
     assert not (tmp_path / "o").exists()
     assert main(["reproduce", "--list"]) == 0 and " 13  random initialisation" in capsys.readouterr().out
+    # (One process, --jobs 1, from here on: what is checked is the output folder's handling, not the workers.)
     # A folder nothing can be written into is named in the error, not the scratch folder inside it.
-    assert main(["reproduce", "2", "--out", "/proc/rwinterp-o", "--no-progress"]) == 2
+    assert main(["reproduce", "2", "--out", "/proc/rwinterp-o", "--jobs", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rwinterp: error: cannot write into /proc: ") and err.count("\n") == 1
     # A directory of something else is refused; a reproduction's is replaced whole, so no figure of an
     # earlier reproduction is left beside a report that no longer lists it.
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "keep").write_text("x")
-    assert main(["reproduce", "2", "--out", str(tmp_path / "other"), "--no-progress"]) == 2
+    assert main(["reproduce", "2", "--out", str(tmp_path / "other"), "--jobs", "1", "--no-progress"]) == 2
     assert "is not a reproduction directory" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "other").iterdir()] == ["keep"]
     (tmp_path / "other" / "results.json").write_text("[]")
-    assert main(["reproduce", "2", "--out", str(tmp_path / "other"), "--no-progress"]) == 2
+    assert main(["reproduce", "2", "--out", str(tmp_path / "other"), "--jobs", "1", "--no-progress"]) == 2
     assert "holds what a reproduction directory does not (keep)" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["keep", "results.json"]
     out = tmp_path / "repro"
-    assert main(["reproduce", "2", "--out", str(out), "--no-progress"]) == 0
+    assert main(["reproduce", "2", "--out", str(out), "--jobs", "1", "--no-progress"]) == 0
     (out / "figXX.png").write_text("stale")
-    assert main(["reproduce", "2", "--out", str(out), "--no-progress"]) == 0
+    assert main(["reproduce", "2", "--out", str(out), "--jobs", "1", "--no-progress"]) == 0
     assert not (out / "figXX.png").exists() and (out / "fig02.png").exists()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch left
 
@@ -317,7 +325,7 @@ def test_attention_off_the_parent_keeps_its_digits_below_float_resolution():
     results = Results(run=RunResult(walk_run("run", 6, 0.7, 9), [{"step": 0}], {"attention": {0: attention}},
                                     task=task))
     assert 1.0 - results["run"].final["attention"][7] == 0.0
-    assert off_parent_attention(results, "run") == pytest.approx(8e-40, rel=1e-12)
+    assert off_parent_attention(results, "run") == pytest.approx(8e-40, rel=1e-12, abs=0)  # (approx's abs is 1e-12)
 
 
 def test_a_panel_title_wider_than_its_panel_is_wrapped_to_fit():
@@ -437,10 +445,10 @@ def test_shared_scales_zero_based_colours_dashes_and_reference_styles():
     assert "range" not in shared[2].options
     figure, (left, middle, right) = plt.subplots(1, 3)
     _bar(left, shared[0], Results({}))
-    assert left.get_ylim() == pytest.approx((0, 0.0315))
+    assert left.get_ylim() == pytest.approx((0, 0.0315), rel=RTOL)  # the top, and 5% above it
     _heatmap(middle, Panel("heatmap", data=lambda r: np.full((20, 20), 1.6) + np.eye(20) * 0.01,
                            options={"zero": True}), Results({}))
-    assert middle.collections[0].norm.vmin == 0 and middle.collections[0].norm.vmax == pytest.approx(1.61)
+    assert middle.collections[0].norm.vmin == 0 and middle.collections[0].norm.vmax == pytest.approx(1.61, rel=RTOL)
     assert [t.get_text() for t in middle.get_xticklabels()] == ["1", "5", "10", "15", "20"]
     same = {"a": lambda r: ([0, 1], [0.5, 0.5]), "b": lambda r: ([0, 1], [0.5, 0.5])}
     _line(right, Panel("line", series=same, ref={"x": 0.2, "y": 0.8}, options={"dashes": True, "style": ".-"}),
@@ -499,6 +507,7 @@ def test_readings_study_reruns_each_figures_stated_runs_with_one_change_to_the_l
                         assert mine.key() == theirs.key()
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_same_numbers_and_figures(tmp_path):
     """Runs trained in two worker processes give the same histories and recorded quantities as one
     process (Fig 13 records quantities that its spec module registers: the workers must know them too),
@@ -624,13 +633,13 @@ def test_recorded_means_over_a_population_weight_each_walk_by_its_probability():
     w = pop.weights.to(torch.float64)
     assert float(w.max() / w.min()) > 100  # far from uniform
     view = StepView(0, model, task, pop)
-    pattern = model.attention(pop.tokens).detach().to(torch.float64)
-    assert np.allclose(mean_attention(view), (w[:, None] * pattern).sum(0).numpy(), rtol=0, atol=1e-15)
+    pattern = model.attention(pop.tokens).detach()[:, 0, 0].to(torch.float64)
+    assert_close(mean_attention(view), (w[:, None] * pattern).sum(0))
     avg = averaged_tokens(view).to(torch.float64)
     mean = (w[:, None] * avg).sum(0)
     stats = averaged_token(view)
-    assert np.allclose(stats["mean"], mean.numpy(), atol=1e-15)
-    assert np.allclose(stats["var"], (w[:, None] * (avg - mean) ** 2).sum(0).numpy(), atol=1e-15)
+    assert_close(stats["mean"], mean)
+    assert_close(stats["var"], (w[:, None] * (avg - mean) ** 2).sum(0), scale=avg**2)
     assert not np.allclose(stats["mean"], avg.mean(0).numpy(), atol=1e-6)  # the plain mean differs
     # Sampled walks (no weights): the plain mean, as before.
     sampled = StepView(0, model, task, task.sample(50, 1))

@@ -1,4 +1,5 @@
-"""The paper's model: exact forward, TransformerLens compatibility, closed-form gradients."""
+"""The paper's model (the general model's paper configuration, with the rank-one query): exact forward,
+TransformerLens compatibility, closed-form gradients."""
 
 import math
 
@@ -8,16 +9,17 @@ import transformer_lens.patching as tl_patching
 from transformer_lens import ActivationCache
 from transformer_lens.model_protocol import TransformerLensModel
 
-from rwinterp.config import WalkTransformerConfig
 from rwinterp.errors import RwinterpError
-from rwinterp.model import WalkTransformer, positional_embeddings, predict
+from rwinterp.metrics import predict
+from rwinterp.model import DeepConfig, DeepTransformer, positional_embeddings
 from rwinterp.tasks import CircleWalk
+from tests.conftest import F32, assert_close
 
 
 def small(**kw):
     cfg = dict(n_states=5, n_ctx=9, pos_dim=24, init="gaussian", init_sigma=0.3, seed=3)
     cfg.update(kw)
-    return WalkTransformer(WalkTransformerConfig(**cfg))
+    return DeepTransformer(DeepConfig(**cfg))
 
 
 def reference_scores(model, tokens):
@@ -49,8 +51,8 @@ def test_forward_matches_the_paper_formula(normalize, r, pe, mlp, act):
     expected = reference_scores(model, tokens)
     fast = model(tokens)[:, 0]
     dense, cache = model.run_with_cache(tokens)  # hooks on the embeddings force the dense path
-    assert torch.allclose(fast, expected, atol=1e-12, rtol=1e-10)
-    assert torch.allclose(dense[:, 0], expected, atol=1e-12, rtol=1e-10)
+    assert_close(fast, expected)
+    assert_close(dense[:, 0], expected)
     if mlp is not None:  # the ReLU cuts some pre-activations, and the linear layer keeps them
         pre = cache["blocks.0.mlp.hook_pre"]
         assert (pre < -1e-3).any()
@@ -67,24 +69,23 @@ def test_W_maps_the_query_to_u_and_is_drawn_at_the_papers_scale(init):
     model = small(init=init, init_sigma=0.01)
     train(model, task, TrainConfig(lr=1.0, steps=3, n_train=64, n_test=16), progress=False)
     q = model.query_vector()
-    assert torch.allclose(model.W @ q, model.u, rtol=1e-12, atol=1e-15)
+    assert_close(model.W @ q, model.u, scale=model.W.abs() @ q.abs())
     if init == "zero":
         assert torch.linalg.matrix_rank(model.W) == 1
         return
     # The paper's sizes (d_model 1006, FC layer m = 19) keep the initial W: every entry of W, V and A is
     # N(0, sigma^2), to within 3 standard errors of a standard deviation measured on n entries,
     # sigma * 3 / sqrt(2 n), and u = W_init q.
-    paper = WalkTransformer(WalkTransformerConfig(n_states=6, n_ctx=97, pos_dim=1000, init="gaussian",
-                                                  init_sigma=0.01, mlp_width=19, seed=0))
+    paper = DeepTransformer(DeepConfig.paper(6, 97, 1000, init="gaussian", init_sigma=0.01, mlp_width=19, seed=0))
     assert paper.W_init.shape == (1006, 1006)
     for name, weights in {"W": paper.W_init, "V": paper.V, "A": paper.blocks[0].mlp.A}.items():
         w = weights.detach().flatten()
         assert float(w.std()) == pytest.approx(0.01, abs=0.01 * 3 / math.sqrt(2 * w.numel())), name
         assert abs(float(w.mean())) < 3 * 0.01 / math.sqrt(w.numel()), name
-    assert torch.allclose(paper.u, paper.W_init @ paper.query_vector(), rtol=1e-12, atol=1e-15)
+    q = paper.query_vector()
+    assert_close(paper.u, paper.W_init @ q, scale=paper.W_init.abs() @ q.abs())
     # Large enough (d_model 3006) to draw u directly; its standard deviation is measured to about 1.3%.
-    big = WalkTransformer(WalkTransformerConfig(n_states=6, n_ctx=9, pos_dim=3000, init="gaussian",
-                                                init_sigma=0.01, seed=0))
+    big = DeepTransformer(DeepConfig.paper(6, 9, 3000, init="gaussian", init_sigma=0.01, seed=0))
     expected = 0.01 * float(big.query_vector().norm())
     assert float(big.u.detach().std()) == pytest.approx(expected, rel=0.05)
     # Too large to keep its initial W: gradients through the embeddings still run (without the query's
@@ -110,21 +111,21 @@ def test_the_linear_fc_layer_is_the_product_of_A_and_V():
     fc = small(mlp_width=7, act_fn="linear")
     plain = small()
     with torch.no_grad():
-        plain.blocks[0].attn.V.copy_(fc.A @ fc.V)
+        plain.blocks[0].attn.W_V[0].copy_((fc.A @ fc.V).T)
         plain.blocks[0].attn.u.copy_(fc.blocks[0].attn.u)
     tokens = CircleWalk(5, 0.6, 9).sample(64, 0).tokens
-    assert torch.allclose(fc(tokens), plain(tokens), atol=1e-14, rtol=1e-12)
-    with pytest.raises(RwinterpError, match="act_fn must be one of relu, linear, got 'gelu'"):
+    assert_close(fc(tokens), plain(tokens))
+    with pytest.raises(RwinterpError, match="act fn must be one of relu, linear, got 'gelu'"):
         small(mlp_width=7, act_fn="gelu")
-    assert WalkTransformerConfig.from_dict(fc.cfg.to_dict()).act_fn == "linear"
+    assert DeepConfig.from_dict(fc.cfg.to_dict()).act_fn == "linear"
 
 
 def test_positional_embeddings_have_gram_matrix_M_over_2():
     for kind in ("orthogonal", "sine"):
         P = positional_embeddings(kind, 30, 200)
         gram = P @ P.T
-        # Sine: off by round-off only (4e-13 here); PAPER.md section 5 traces the p = 1 symmetry breaking to it.
-        assert torch.allclose(gram, 100 * torch.eye(30, dtype=gram.dtype), rtol=0, atol=1e-11)
+        # Sine: off by round-off only (4e-13 here); docs/model.md section 6 traces the p = 1 symmetry breaking to it.
+        assert_close(gram, 100 * torch.eye(30, dtype=gram.dtype))
     P = positional_embeddings("orthogonal", 30, 200)
     assert torch.equal(P @ P.T, 100 * torch.eye(30, dtype=P.dtype))  # exactly, in floating point
 
@@ -147,8 +148,9 @@ def test_transformer_lens_protocol_cache_and_hook_shapes():
         assert tuple(cache[name].shape) == shape, name
     assert logits.shape == (4, 1, 5)
     # Pre-softmax scores, post-softmax pattern.
-    assert torch.allclose(cache["pattern", 0][:, 0, 0], torch.softmax(cache["attn_scores", 0][:, 0, 0], -1))
+    assert_close(cache["pattern", 0][:, 0, 0], torch.softmax(cache["attn_scores", 0][:, 0, 0], -1))
     # Per-head results (through the block's W_O) are the attention output of the query row.
+    # (W_O puts z into the first coordinates: a product with zeros and ones, exact)
     assert torch.equal(cache.stack_head_results(layer=-1, pos_slice=-1)[0], cache["blocks.0.hook_attn_out"][:, -1])
     # run_with_hooks can intervene: zeroing V's output zeroes f.
     out = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: z * 0)])
@@ -172,14 +174,14 @@ def test_weights_in_transformer_lens_form():
     # Attention scores: query . W_Q W_K^T . key, on the model's domain (query slot).
     q = resid[0, -1]
     scores = resid @ model.QK.AB[0, 0].T @ q
-    assert torch.allclose(scores, cache["attn_scores", 0][:, 0, 0], atol=1e-10)
+    assert_close(scores, cache["attn_scores", 0][:, 0, 0])
     # QK equals W^T applied to the query.
-    assert torch.allclose(model.QK.AB[0, 0] .T @ q, model.W @ q, atol=1e-10)
+    assert_close(model.QK.AB[0, 0] .T @ q, model.W @ q)
     # Full OV circuit on the states is V^T (row = current state, column = output).
     full_ov = model.W_E[: cfg.n_states] @ model.OV.AB[0, 0] @ model.W_U
-    assert torch.allclose(full_ov, model.V.T)
+    assert_close(full_ov, model.V.T)
     # Embedding views build resid_pre.
-    assert torch.allclose(model.W_E[tokens] + model.W_pos, resid)
+    assert_close(model.W_E[tokens] + model.W_pos, resid)
 
 
 def test_prediction_breaks_ties_towards_the_smallest_label():
@@ -202,7 +204,7 @@ def test_autograd_gradients_equal_the_closed_form():
     f = model(batch.tokens)[:, 0]
     loss = -torch.log(f.gather(1, batch.labels[:, None]) + eps).mean()
     loss.backward()
-    auto_V = model.V.grad.clone()
+    auto_V = model.blocks[0].attn.W_V.grad[0].T.clone()
     auto_W = torch.outer(model.u.grad, model.query_vector())  # u = W x~_N, so dL/dW = dL/du x~_N^T
 
     cfg = model.cfg
@@ -224,18 +226,18 @@ def test_autograd_gradients_equal_the_closed_form():
             e_y[y] = 1
             closed_V += g * torch.outer(e_y, X @ S)
             closed_W += g * torch.outer(Xt @ (torch.diag(S) - torch.outer(S, S)) @ X.T @ V.T @ e_y, q)
-    assert torch.allclose(auto_V, closed_V, atol=1e-12)
-    assert torch.allclose(auto_W, closed_W, atol=1e-12)
+    assert_close(auto_V, closed_V)
+    assert_close(auto_W, closed_W)
     assert closed_W.abs().max() > 1e-6  # a non-trivial check
 
 
 def test_bad_model_configs():
     with pytest.raises(RwinterpError, match="M >= N"):
-        WalkTransformerConfig(n_states=6, n_ctx=97, pos_dim=50)
+        DeepConfig(n_states=6, n_ctx=97, pos_dim=50)
     with pytest.raises(RwinterpError, match="M > N"):
-        WalkTransformerConfig(n_states=6, n_ctx=97, pos_dim=97, pos_embedding="sine")
+        DeepConfig(n_states=6, n_ctx=97, pos_dim=97, pos_embedding="sine")
     with pytest.raises(RwinterpError, match="dtype"):
-        WalkTransformerConfig(dtype="float16")
+        DeepConfig(dtype="float16")
     model = small()
     with pytest.raises(RwinterpError, match="tokens must have shape"):
         model(torch.zeros(2, 5, dtype=torch.long))
@@ -266,7 +268,7 @@ def test_transformer_lens_patching_runs_unchanged(trained_paper_models):
     pattern = tl_patching.get_act_patch_attn_head_pattern_all_pos(model, corrupted.tokens, clean_cache, metric)
     z = tl_patching.get_act_patch_attn_head_out_all_pos(model, corrupted.tokens, clean_cache, metric)
     assert pattern.shape == (1, 1) and z.shape == (1, 1)
-    assert z.item() == pytest.approx(clean_value.item(), rel=1e-6)  # z is the whole output
+    assert z.item() == pytest.approx(clean_value.item(), rel=F32)  # z is the whole output (stored in float32)
     # The pattern carries no walk-specific information: patching it leaves the corrupted output.
     assert pattern.item() == pytest.approx(corrupt_value.item(), rel=1e-2, abs=1e-3)
     # The key-query circuit in TransformerLens's terms: the query is the same for every walk (patching it
@@ -279,27 +281,23 @@ def test_transformer_lens_patching_runs_unchanged(trained_paper_models):
     assert torch.allclose(v_others, corrupt_value.to(v.dtype), rtol=1e-2, atol=1e-3)
     q = tl_patching.get_act_patch_attn_head_q_all_pos(model, corrupted.tokens, clean_cache, metric)
     k = tl_patching.get_act_patch_attn_head_k_by_pos(model, corrupted.tokens, clean_cache, metric)
-    assert q.item() == pytest.approx(corrupt_value.item(), rel=1e-6)  # (patching stores float32)
+    assert q.item() == pytest.approx(corrupt_value.item(), rel=F32)  # (patching stores float32)
     assert k.shape == (1, task.seq_len, 1)
     assert torch.allclose(k, corrupt_value.to(k.dtype), rtol=1e-2, atol=1e-3)
     every = tl_patching.get_act_patch_attn_head_all_pos_every(model, corrupted.tokens, clean_cache, metric)
-    assert every.shape == (5, 1, 1) and every[0].item() == pytest.approx(z.item())  # output, q, k, v, pattern
+    assert every.shape == (5, 1, 1) and every[0].item() == pytest.approx(z.item(), rel=F32)  # output, q, k, v, pattern
 
 
-@pytest.mark.parametrize("kind", ["walk", "deep"])
-def test_a_dtype_conversion_follows_into_the_config_of_that_model_only(kind, tmp_path):
+@pytest.mark.parametrize("rank_one", [True, False])
+def test_a_dtype_conversion_follows_into_the_config_of_that_model_only(rank_one, tmp_path):
     """``.float()`` sets the model's cfg.dtype, so its saved run rebuilds in float32; another model built
     from the same config object keeps float64; ``.half()`` is refused and converts nothing."""
-    from rwinterp.deep import DeepConfig, DeepTransformer
     from rwinterp.runs import load_run, save_run
 
     task = CircleWalk(5, 0.7, 9)
-    if kind == "walk":
-        cfg, build = WalkTransformerConfig(n_states=5, n_ctx=9, pos_dim=16, init="gaussian", init_sigma=0.1), \
-            WalkTransformer
-    else:
-        cfg, build = DeepConfig.paper(5, 9, 16, init="gaussian", init_sigma=0.1), DeepTransformer
-    a, b = build(cfg), build(cfg)
+    cfg = DeepConfig.paper(5, 9, 16, init="gaussian", init_sigma=0.1, rank_one_query=rank_one)
+    a, b = DeepTransformer(cfg), DeepTransformer(cfg)
+    assert a.cfg.rank_one == rank_one
     a.float()
     assert a.cfg.dtype == torch.float32 and b.cfg.dtype == cfg.dtype == torch.float64
     tokens = task.sample(8, 0).tokens

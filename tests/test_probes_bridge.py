@@ -8,20 +8,28 @@ import torch
 
 from probes.config import ProbeConfig
 from probes.patching import corrupted_walks
-from probes.scorecard import compare_to_random
+from probes.scoring import compare_to_random
 from rwinterp.errors import RwinterpError
-from rwinterp.standard import build_standard_model, train_standard_model
+from rwinterp.bridge import build_bridge
+from rwinterp.config import BridgeOptions, TrainConfig
 from rwinterp.tasks import Batch, CircleWalk
+from rwinterp.training import train
+from tests.conftest import RTOL
 
 TASK = CircleWalk(6, 0.7, 12)
 CFG = ProbeConfig(progress=False, bootstrap=50, gradient_walks=30)
 
 
+def bridge(**options):
+    return build_bridge(BridgeOptions(n_states=TASK.n_states, n_ctx=TASK.seq_len, n_layers=1, **options))
+
+
 @pytest.fixture(scope="module")
 def bridge_comparison():
-    model = build_standard_model(d_vocab=TASK.n_states, n_ctx=TASK.seq_len, d_model=32, seed=1)
-    train_standard_model(model, TASK.sample(300, 1).states, steps=40, lr=3e-2)
-    baselines = [build_standard_model(d_vocab=TASK.n_states, n_ctx=TASK.seq_len, d_model=32, seed=s) for s in (11, 12)]
+    model = bridge(d_model=32, seed=1)
+    train(model, TASK, TrainConfig(optimizer="adamw", lr=3e-2, steps=40, loss="xent", next_token=True, n_train=300,
+                                   eval_every=40), data=(TASK.sample(300, 1), TASK.sample(300, 2)), progress=False)
+    baselines = [bridge(d_model=32, seed=s) for s in (11, 12)]
     data = TASK.sample(300, 2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cmp = compare_to_random(model, TASK, data, config=CFG, baselines=baselines)
@@ -33,7 +41,7 @@ def test_bridge_probes_find_the_parent_at_the_predictions_own_position(bridge_co
     card = cmp.trained
     s = card.flat()
     assert card.kind == "autoregressive"
-    assert abs(s["accuracy"] - 0.7) < 0.05 and s["bayes_accuracy"] == pytest.approx(0.7)
+    assert abs(s["accuracy"] - 0.7) < 0.05 and s["bayes_accuracy"] == pytest.approx(0.7, rel=RTOL)  # (a mean over positions)
     assert s["patching.parent_effect"] > 0.95 and s["patching.localization"] > 0.95
     assert s["patching.necessity"] > 0.95 and s["patching.sufficiency"] > 0.95
     # Attention: trained to look at the current state, where an untrained bridge spreads evenly.
@@ -66,9 +74,9 @@ def test_bridge_is_left_as_it_was(bridge_comparison):
 
 
 def test_bridge_needs_whole_walks():
-    model = build_standard_model(d_vocab=TASK.n_states, n_ctx=TASK.seq_len, d_model=16, seed=0)
+    model = bridge(d_model=16, seed=0)
     batch = TASK.sample(4, 0)
-    from probes.scorecard import scorecard
+    from probes.scoring import scorecard
 
     with pytest.raises(RwinterpError, match="no states"):
         scorecard(model, TASK, Batch(batch.tokens, batch.labels), CFG)

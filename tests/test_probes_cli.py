@@ -7,6 +7,7 @@ import json
 import pytest
 
 from rwinterp.cli import main
+from tests.conftest import RTOL
 
 SMALL = ["--K", "5", "--N", "9", "--M", "16", "--n-train", "200", "--n-test", "80"]
 FAST = ["--walks", "60", "--bootstrap", "40", "--gradient-walks", "10", "--no-progress"]
@@ -31,7 +32,7 @@ def runs(tmp_path_factory):
 def test_probe_writes_a_report_and_prints_the_scores(runs, capsys):
     out = runs / "report"
     capsys.readouterr()
-    assert main(["probe", str(runs / "a"), "--out", str(out), "--baseline", "random", "--seeds", "2",
+    assert main(["probe", str(runs / "a"), "--out", str(out), "--baseline", "random", "--baseline-models", "2",
                  "--json", *FAST]) == 0
     data = json.loads(capsys.readouterr().out)
     for key in REQUIRED:
@@ -40,12 +41,12 @@ def test_probe_writes_a_report_and_prints_the_scores(runs, capsys):
     assert data["bayes_accuracy"] == 0.7 and data["baseline_seeds"] == [1000, 1001]
     files = {p.name for p in out.iterdir()}
     assert files == {"scores.json", "report.md", "transition.png", "attention.png", "patching.png",
-                     "trained_vs_random.png"}
+                     "trained_vs_random.png", "heads.png"}
     scores = json.loads((out / "scores.json").read_text())
     assert scores["scores"] == {k: v for k, v in data.items() if not k.startswith("baseline") and k != "report"}
     assert len(scores["baseline"]["values"]["accuracy"]) == 2
     report = (out / "report.md").read_text()
-    for figure in ("transition.png", "attention.png", "patching.png", "trained_vs_random.png"):
+    for figure in ("transition.png", "attention.png", "patching.png", "trained_vs_random.png", "heads.png"):
         assert f"]({figure})" in report
     assert report.count("A model that learned the task") >= 2 and "test walks" in report
     assert not [p for p in runs.iterdir() if p.name.startswith(".")]  # no temporary left behind
@@ -61,7 +62,7 @@ def test_compare_two_runs(runs, capsys):
     assert main(["compare", str(runs / "a"), str(runs / "b"), "--out", str(out), "--json", *FAST]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["A"]["bayes_accuracy"] == 0.7 and data["B"]["bayes_accuracy"] == 1.0
-    assert data["difference"]["accuracy"] == pytest.approx(data["B"]["accuracy"] - data["A"]["accuracy"])
+    assert data["difference"]["accuracy"] == pytest.approx(data["B"]["accuracy"] - data["A"]["accuracy"], rel=RTOL)
     assert {"comparison.png", "a_attention.png", "b_patching.png", "report.md", "scores.json"} <= {
         p.name for p in out.iterdir()}
     # Printed: which run is A and which B, on which task; runs of different tasks are said to differ.
@@ -71,7 +72,10 @@ def test_compare_two_runs(runs, capsys):
     assert lines[0].startswith(f"A           {runs / 'a'}  (") and "p=0.7" in lines[0] and "20 walks" in lines[0]
     assert lines[1].startswith(f"B           {runs / 'b'}  (") and "p=1" in lines[1]
     assert lines[2].strip() == "(the runs' tasks differ: each is scored on its own task's test data)"
-    assert main(["compare", str(runs / "a"), str(runs / "a"), "--out", str(out), *quick]) == 0
+    import shutil
+
+    shutil.copytree(runs / "a", runs / "a-copy", dirs_exist_ok=True)
+    assert main(["compare", str(runs / "a"), str(runs / "a-copy"), "--out", str(out), *quick]) == 0
     assert "tasks differ" not in capsys.readouterr().out
 
 
@@ -79,10 +83,12 @@ def test_compare_two_runs(runs, capsys):
     (["probe", "{root}/missing", "--out", "{root}/r1"], "not a run directory"),
     (["probe", "{root}/a", "--out", "{root}/a"], "not a report directory"),
     (["probe", "{root}/a", "--out", "{root}/r2", "--walks", "1"], "--walks must be >= 2"),
-    (["probe", "{root}/a", "--out", "{root}/r3", "--seeds", "0", "--baseline", "random"],
-     "--seeds must be in [1, 1000], got 0"),
-    (["probe", "{root}/a", "--out", "{root}/r3", "--seeds", "100000000", "--baseline", "random"],
-     "--seeds must be in [1, 1000]"),
+    (["probe", "{root}/a", "--out", "{root}/r3", "--baseline-models", "0", "--baseline", "random"],
+     "--baseline-models must be in [1, 1000], got 0"),
+    (["probe", "{root}/a", "--out", "{root}/r3", "--baseline-models", "100000000", "--baseline", "random"],
+     "--baseline-models must be in [1, 1000]"),
+    (["probe", "{root}/a", "--out", "{root}/r3", "--seeds", "3", "--baseline", "random"],
+     "the number of random models of a baseline is --baseline-models"),
     (["probe", "{root}/a", "--out", "{root}/r4", "--bootstrap", "1"],
      "bootstrap must be 0 (no intervals) or between 40 and 100000 resamples for a 95% interval, got 1"),
     (["probe", "{root}/a", "--out", "{root}/r4", "--bootstrap", "2000000"],
@@ -125,7 +131,7 @@ def test_gradient_walks_do_not_apply_to_a_population_run(tmp_path, capsys):
     # The training keys a run records are checked, whatever else it records (a run of another trainer).
     (lambda c: c["train"].update(lr=float("nan"), other_trainer_key=1), "lr must be positive and finite, got nan"),
     (lambda c: c["train"].update(population="false"), "population must be a JSON bool"),
-    (lambda c: c["train"].update(n_test=0), "n-train and n-test must be >= 1"),
+    (lambda c: c["train"].update(n_test=0), "n-test must be an integer >= 1, got 0"),
     # With the config that training saved beside the weights, any edit of config.json is refused.
     (("saved", lambda c: c["task"].update(p=0.5)),
      "config.json was changed after training: task.p is 0.5, the weights were trained with 0.7"),
@@ -147,7 +153,7 @@ def test_a_corrupted_run_is_refused_in_one_line(runs, tmp_path, capsys, corrupt,
     shutil.copytree(runs / "a", run)
     state = load_file(str(run / "model.safetensors"))
     if corrupt == "nan":
-        state["blocks.0.attn.V"][0, 0] = float("nan")
+        state["blocks.0.attn.W_V"][0, 0, 0] = float("nan")
         save_file(state, str(run / "model.safetensors"))
     else:
         keep_saved, corrupt = corrupt if isinstance(corrupt, tuple) else (None, corrupt)
@@ -168,7 +174,7 @@ def test_probe_prints_the_scorecard_table_with_the_random_column(runs, tmp_path,
     value and the random models' mean, the same numbers as scores.json."""
     out = tmp_path / "table"
     capsys.readouterr()
-    assert main(["probe", str(runs / "a"), "--out", str(out), "--baseline", "random", "--seeds", "2", *FAST]) == 0
+    assert main(["probe", str(runs / "a"), "--out", str(out), "--baseline", "random", "--baseline-models", "2", *FAST]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"run         {runs / 'a'}  (circle(K=5, p=0.7, N=9), 60 walks)"
     findings = [line for line in lines if line.startswith("  - ")]

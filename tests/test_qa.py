@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from rwinterp.errors import RwinterpError
-from rwinterp.model import predict
+from rwinterp.metrics import predict
 from rwinterp.qa import VOCAB, QAMajority, QAOrder
 from rwinterp.tasks import task_from_dict
+from tests.conftest import assert_close
 
 PAPER_VOCAB = ("apple orange Based on the which type of fruit list appears most frequently sentence I prefer "
                "an to do").split()
@@ -27,7 +28,7 @@ def test_task1_has_32_equally_likely_lists_with_majority_labels():
     task = QAMajority()
     pop = task.population()
     assert task.seq_len == 17 and pop.tokens.shape == (32, 17) and task.population_size() == 32
-    assert torch.allclose(pop.weights, torch.full((32,), 1 / 32, dtype=torch.float64))
+    assert_close(pop.weights, torch.full((32,), 1 / 32, dtype=torch.float64))
     fruit_lists = {tuple(row[4:9].tolist()) for row in pop.tokens}
     assert fruit_lists == set(itertools.product((0, 1), repeat=5))
     for row, label in zip(pop.tokens, pop.labels):
@@ -108,14 +109,13 @@ def test_round_trip_through_task_dicts():
 
 def test_a_trained_qa_model_saves_and_loads(tmp_path):
     """The FC+ReLU variant on task 1 (m = 19): a saved run rebuilds the task and identical scores."""
-    from rwinterp.config import WalkTransformerConfig
-    from rwinterp.model import WalkTransformer
+    from rwinterp.model import DeepConfig, DeepTransformer
     from rwinterp.runs import load_run, save_run
     from rwinterp.training import TrainConfig, train
 
     task = QAMajority()
-    model = WalkTransformer(WalkTransformerConfig(n_states=19, n_ctx=task.seq_len, pos_dim=40, init="gaussian",
-                                                  normalize_tokens=True, mlp_width=19, seed=1))
+    model = DeepTransformer(DeepConfig.paper(19, task.seq_len, 40, init="gaussian", normalize_tokens=True,
+                                             mlp_width=19, seed=1))
     config = TrainConfig(lr=0.1, steps=3, n_train=64, n_test=64)
     result = train(model, task, config, progress=False)
     save_run(tmp_path / "run", model, task, config.to_dict(), result.history, {})

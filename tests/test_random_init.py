@@ -1,7 +1,7 @@
 """Random initialisation (Figs 6, 11, 12, 13): the readings' options are exact, and the specs run.
 
 The readings differ in two options: ``TrainConfig.reduction`` ("sum": the loss summed over the walks)
-and ``WalkTransformerConfig.normalize_query`` (False: only the keys are normalised). Both are checked
+and ``DeepOptions.normalize_query`` (False: only the keys are normalised). Both are checked
 against explicit formulas; the figure specs are run in reduced mode and their measurements checked
 against exact values where the theory gives them.
 """
@@ -19,7 +19,7 @@ from experiments.specs import _random_init as ri
 from rwinterp.errors import RwinterpError
 from rwinterp.tasks import CircleWalk
 from rwinterp.training import TrainConfig, reduction_scale, train
-from tests.conftest import paper_model
+from tests.conftest import assert_close, full_w_copy, paper_model
 
 TINY = dict(pos_dim=24, init="gaussian", init_sigma=0.05, normalize_tokens=True, seed=2)
 
@@ -38,8 +38,8 @@ def test_summed_loss_is_the_mean_loss_at_n_times_the_learning_rate(population):
     common = dict(steps=3, n_train=n, n_test=20, population=population)
     summed, r_sum = trained(task, {}, lr=0.01, reduction="sum", **common)
     mean, r_mean = trained(task, {}, lr=0.01 * n, **common)
-    assert torch.allclose(summed.V, mean.V, rtol=1e-12, atol=1e-14)
-    assert torch.allclose(summed.u, mean.u, rtol=1e-12, atol=1e-14)
+    assert_close(summed.V, mean.V)
+    assert_close(summed.u, mean.u)
     # The recorded loss stays the mean per walk.
     assert [h["loss"] for h in r_sum.history] == pytest.approx([h["loss"] for h in r_mean.history], rel=1e-12)
     assert not torch.allclose(summed.V, paper_model(task, **TINY).V)  # training moved V
@@ -50,7 +50,7 @@ def test_one_summed_step_moves_V_n_times_as_far_as_one_mean_step():
     start = paper_model(task, **TINY).V.detach().clone()
     moved = {red: trained(task, {}, lr=0.01, steps=1, n_train=30, n_test=10, reduction=red)[0].V.detach() - start
              for red in ("mean", "sum")}
-    assert torch.allclose(moved["sum"], 30 * moved["mean"], rtol=1e-10, atol=1e-15)
+    assert_close(moved["sum"], 30 * moved["mean"])
     batch = task.sample(30, 0)
     assert reduction_scale(TrainConfig(reduction="sum"), batch) == 30
     assert reduction_scale(TrainConfig(reduction="sum", n_train=77), task.population()) == 77
@@ -66,19 +66,22 @@ def test_keys_only_normalisation_is_the_formula_with_the_raw_query():
     Xt = torch.cat([X, model.W_pos[:, 5:].expand(16, -1, -1)], -1)
     S = torch.softmax((Xt / Xt.norm(dim=-1, keepdim=True)) @ (model.W @ Xt[0, -1]), -1)
     expected = torch.einsum("bn,bnk->bk", S, X) @ model.V.T
-    assert torch.allclose(model.scores(tokens), expected, atol=1e-13)
-    assert model.u_lr_scale() == pytest.approx(24 / 2, rel=1e-14)
-    assert paper_model(task, **TINY).u_lr_scale() == pytest.approx(1.0, rel=1e-14)
+    assert_close(model.scores(tokens), expected)
+    assert u_rate(model) == pytest.approx(24 / 2, rel=1e-14)
+    assert u_rate(paper_model(task, **TINY)) == pytest.approx(1.0, rel=1e-14)
     with pytest.raises(RwinterpError):
         TrainConfig(reduction="median")
+
+
+def u_rate(model) -> float:
+    """The rate at which gradient descent moves u = W q (||q||^2 times the learning rate)."""
+    return model.param_groups("gd", 1.0, 0.0)[-1]["lr"]
 
 
 @pytest.mark.parametrize("normalize_query", [True, False])
 def test_token_norm_scales_the_normalised_keys_and_query(normalize_query):
     """Scores: (r x~_i/||x~_i||) . W q with q = r x~_N/||x~_N|| (or the raw x~_N with keys-only
-    normalisation); u's GD rate is ||q||^2; the deep model with the same weights agrees."""
-    from rwinterp.deep import from_walk_transformer
-
+    normalisation); u's GD rate is ||q||^2; the model storing the whole W agrees."""
     task = CircleWalk(5, 0.6, 9)
     r = 3.0
     model = paper_model(task, **TINY, token_norm=r, normalize_query=normalize_query)
@@ -88,9 +91,9 @@ def test_token_norm_scales_the_normalised_keys_and_query(normalize_query):
     q = Xt[0, -1] / Xt[0, -1].norm() * r if normalize_query else Xt[0, -1]
     S = torch.softmax((r * Xt / Xt.norm(dim=-1, keepdim=True)) @ (model.W @ q), -1)
     expected = torch.einsum("bn,bnk->bk", S, X) @ model.V.T
-    assert torch.allclose(model.scores(tokens), expected, atol=1e-13)
-    assert model.u_lr_scale() == pytest.approx(float(q @ q), rel=1e-14)
-    assert torch.allclose(from_walk_transformer(model)(tokens)[:, -1, :], expected, atol=1e-13)
+    assert_close(model.scores(tokens), expected)
+    assert u_rate(model) == pytest.approx(float(q @ q), rel=1e-14)
+    assert_close(full_w_copy(model)(tokens)[:, -1, :], expected)
     with pytest.raises(RwinterpError, match="token norm"):
         paper_model(task, token_norm=0.0)
 
@@ -165,7 +168,7 @@ def test_attention_ceiling_bounds_every_position_and_grows_with_u():
     keys = cache["blocks.0.hook_resid_pre"][0]
     keys = keys / keys.norm(dim=-1, keepdim=True)
     with torch.no_grad():
-        model.attn.u.copy_(40.0 * keys[3])
+        model.blocks[0].attn.u.copy_(40.0 * keys[3])
     _, cache = model.run_with_cache(tokens[:1])
     assert float(cache["blocks.0.attn.hook_pattern"][0, 0, 0, 3]) <= ri.attention_ceiling(model)
     assert float(cache["blocks.0.attn.hook_pattern"][0, 0, 0, 3]) > 0.99

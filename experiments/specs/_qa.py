@@ -1,8 +1,8 @@
 """Shared builder for the QA figures (7: attention only; 10: with the FC+ReLU layer, m = 19).
 
 Each figure trains both tasks from N(0, 0.01^2) initialisation with unit-normalised x~ in the
-attention (PAPER.md section 5: only then do the QA results come out as in the paper). Panels per
-task: test accuracy by step, and the mean attention over the test sentences by word. ``readings``
+attention (``docs/model.md`` section 6: only then do the QA results come out as in the paper). Panels
+per task: test accuracy by step, and the mean attention over the test sentences by word. ``readings``
 adds runs under other readings of the paper's setting, with their own claims, so that a claim that
 does not hold under the stated setting is shown next to what does reproduce it.
 """
@@ -15,7 +15,7 @@ import torch
 
 from experiments.spec import (Claim, Computed, FigureSpec, Final, History, Panel, Record, Results, RunSpec,
                               accuracy_near, at_least, at_most, is_true, near)
-from rwinterp.model import predict
+from rwinterp.metrics import predict
 from rwinterp.qa import FRUITS, VOCAB, QAMajority, QAOrder, QATask
 
 QA_MODEL = {"pos_dim": 1000, "init": "gaussian", "init_sigma": 0.01, "normalize_tokens": True}
@@ -109,10 +109,10 @@ def bag_decides(task: QATask) -> bool:
 def qa_claims(prefix: str, setting: str, note1: str = "", note2: str = "", reduced: bool = True,
               reproduces: bool = True) -> list[Claim]:
     if not reproduces:
-        return [Claim(f"task 1 is NOT learned under this reading (PAPER.md section 5) [{setting}]",
+        return [Claim(f"task 1 is NOT learned under this reading (docs/model.md section 6) [{setting}]",
                       Final(f"{prefix}task1", "test_accuracy"), at_most(0.9), note=note1),
-                Claim(f"task 2 IS learned under this reading: the two tasks come out reversed (PAPER.md section 5) "
-                      f"[{setting}]",
+                Claim(f"task 2 IS learned under this reading: the two tasks come out reversed "
+                      f"(docs/model.md section 6) [{setting}]",
                       Final(f"{prefix}task2", "test_accuracy"), at_least(0.9), note=note2,
                       why=lambda r: "Here neither task is learned: " + "; ".join(
                           f"task {t[-1]} ends at {r[prefix + t].final['test_accuracy']:.3f} test accuracy, "

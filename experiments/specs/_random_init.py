@@ -1,59 +1,18 @@
 """Shared runs, quantities and measurements for the random-initialisation figures (6, 11, 12, 13).
 
-The paper trains its model from a small Gaussian initialisation, N(0, 0.01^2) on V and W, with
-"x~_i normalised to unit length inside the softmax attention", lr 0.01, eps 0.1, 1000/1000 walks and
-1000 steps (K 6, N 97, M 1000), at p = 0.5 (Figs 6a,b and 11) and p = 1 (Figs 6c,d, 12 and 13). It
-reports: p = 0.5 reaches about 0.5 accuracy after roughly 400 steps; p = 1 does not reach 100% within
-1000 steps; the KL divergence to the true next-state distribution falls much faster for p = 0.5; for
-p = 1, V stays proportional to all-ones and the attention-averaged token stays the same for every
-walk up to about step 700, after which one token takes much more weight.
+The paper trains its model from a small Gaussian initialisation with x~_i normalised to unit length
+inside the attention, at p = 0.5 (Figs 6a,b and 11) and p = 1 (Figs 6c,d, 12 and 13), and leaves
+details unstated: how the loss is reduced over the walks, which vectors are normalised, and how the
+model's output becomes a distribution for the KL. Every figure therefore trains the same few
+*readings* of those details side by side (:data:`READINGS`), each at p = 0.5 and p = 1, and checks
+every claim on every reading; both ``f+/sum f+`` (negative scores clipped to 0) and ``softmax(f)``
+are recorded for the KL. Side studies (:class:`Sweep`) change one detail at a time: the learning
+rate, the length x~ is normalised to and the optimiser (Fig 6), and the initialisation scale
+(Fig 13, which also trains seeds 1 and 2 of the summed readings). The runs are seeded (seed 0);
+another seed by changing ``seed`` in a run's model and train dicts.
 
-Read literally (mean loss, every x~_i and the query normalised), nothing is learned in 1000 steps:
-unit-norm keys make the attention scores move by about ``lr * dL/dscore``, some 10^-4 per step. Every
-figure therefore trains the same few *readings* of the under-specified details side by side, each at
-p = 0.5 and p = 1, and checks every claim on every reading (:data:`READINGS`). How the model output is
-turned into a distribution for the KL is not stated either: both ``f+/sum f+`` (negative scores
-clipped to 0) and ``softmax(f)`` are recorded.
-
-What the specs measure (seed 0; the numbers are in the claims of ``reproduce``; another seed by
-changing ``seed`` in a run's model and train dicts):
-
-* ``paper``: nothing moves in 1000 steps (accuracy 0.18 / 0.16, attention uniform).
-* ``summed``: p = 0.5 is learned near step 350 (parent attention -> 1, V ~ all-ones + Pi^T); p = 1
-  breaks its symmetry near step 190 and reaches 100% soon after: earlier than p = 0.5, not at about
-  700.
-* ``keys``: p = 1 reaches 100% by step 150; p = 0.5 locks onto a wrong position (accuracy 0.33).
-* ``summed_tuned``: the summed loss with sigma 4e-6, 2500 times smaller than stated, the value of the
-  sigma sweep below at which seed 0 fits: p = 0.5 is learned near step 420, p = 1 breaks near step 960
-  and is at 0.83 accuracy at step 1000. Every claim of Figs 11, 12 and 13 holds on it, and every claim
-  of Fig 6 except the KL of ``f+/sum f+``. With seeds 1 and 2 the same sigma fails (Fig 13): one
-  breaks too late to show at step 1000, the other reaches 100% before it.
-* Why the KL of ``f+/sum f+`` falls slowly for p = 0.5 even where p = 0.5 is learned (``summed``,
-  ``summed_tuned``): V is ``c 11^T + beta Pi^T`` plus a small rest. While attention is uniform the
-  gradient adds to every column of V alike and builds the all-ones part c; once attention is on the
-  parent it adds only to Pi^T's entries, c stays (it changes by 0.2% from then to step 1000) and beta
-  grows like sqrt(t). ``f+/sum f+`` halves the KL only once ``beta / c`` reaches sqrt(2K) = 3.46
-  (:func:`halving_ratio`); at step 1000 it is 3.46 (``summed``, just short) and 2.75 (``summed_tuned``).
-* So no reading of the stated setting satisfies every claim: in this model the deterministic walk,
-  once its symmetry breaks, reaches 100% within 100 steps, and with the stated sigma it breaks
-  before p = 0.5 is learned.
-
-Side studies narrow the readings down (:class:`Sweep`). Fig 6 (i) sweeps the learning rate of the
-mean loss at p = 0.5 (0.01, 1, 3, 10, 30; lr 10 is the ``summed`` reading): only lr 10 learns after
-roughly 400 steps, so the paper's timing points to the loss summed over its 1000 walks. Fig 6 (j, k)
-sweeps the length r that x~ and the query are normalised to (``token_norm``; r^2 = 1, 10, 30, 100):
-longer vectors speed up the attention alone: p = 1 reaches 100%, and p = 0.5 is not learned (its
-attention leaves the parent). Fig 6 (l) trains p = 1 with AdamW instead of gradient descent (lr 0.001
-and 0.01): it reaches 100% at both, so the optimiser does not explain the paper's slow p = 1. Fig 13
-trains the ``summed`` and ``summed_tuned`` readings at p = 1 with seeds 1 and 2 too: the early break is
-not one seed's, and the tuned fit is. Fig 13 (f, g) sweeps sigma under the summed loss at p = 1 (0.01,
-1e-4, 1e-5, 4e-6, 1e-6; seed 0): a smaller sigma delays the break (about step 190 at 0.01, 960 at
-4e-6, none within 1000 steps at 1e-6), and 100% follows it within 43 steps wherever it comes (within
-100 for seeds 1 and 2 of the summed readings), where the paper's picture (broken near step 700, below
-100% at step 1000) needs some 300. Only a sigma that puts the break into the last hundred steps or so
-before step 1000 fits, and the one found for seed 0 fails for seeds 1 and 2. And Fig 11 shows why the
-literal reading cannot attend to the parent: unit-norm keys and query cap one position's attention at
-``1 / (1 + (N-1) e^{-2||u||})`` (:func:`attention_ceiling`), about 0.02 after 1000 steps.
+What the runs show, with the reproduction's numbers, is in ``docs/discussion.md`` (Figures 6, 11,
+12 and 13).
 """
 
 from __future__ import annotations
@@ -72,7 +31,7 @@ from experiments.specs._walk import first_step_within, neighbours_dominate
 from rwinterp.errors import require
 
 K, N = 6, 97
-#: The paper's random-initialisation setting (PAPER.md section 4, Figs 6 and 11 to 13).
+#: The paper's random-initialisation setting (Figs 6 and 11 to 13; ``docs/model.md`` section 5).
 MODEL = {"pos_dim": 1000, "init": "gaussian", "init_sigma": 0.01, "normalize_tokens": True}
 TRAIN = {"lr": 0.01, "eps": 0.1, "steps": 1000, "n_train": 1000, "n_test": 1000}
 #: The steps at which the paper shows V and the averaged token (Figs 12, 13).
@@ -115,7 +74,7 @@ class Reading:
 
 READINGS = (
     Reading("paper", "as stated: mean loss, x~ and query normalised",
-            about="the natural reading of PAPER.md: mean loss over the 1000 walks, every x~_i and the "
+            about="the natural reading of the paper's text: mean loss over the 1000 walks, every x~_i and the "
                   "query x~_N divided by its norm inside the attention"),
     Reading("summed", "loss summed over the walks",
             train={"reduction": "sum"},
@@ -326,12 +285,6 @@ def max_accuracy(results: Results, run: str) -> float:
     return float(max(h["test_accuracy"] for h in results[run].history))
 
 
-def first_step(results: Results, run: str, key: str, pred: Callable[[Any], bool]) -> float:
-    """First recorded step whose ``key`` satisfies ``pred`` (inf if none)."""
-    by_step = results[run].snapshots[key]
-    return float(next((s for s in sorted(by_step) if pred(by_step[s])), math.inf))
-
-
 def max_variance(avg: dict[str, Any]) -> float:
     """Largest per-coordinate variance of the averaged token over the test walks."""
     return float(np.max(avg["var"]))
@@ -339,17 +292,12 @@ def max_variance(avg: dict[str, Any]) -> float:
 
 def breaking_step(results: Results, run: str) -> float:
     """First recorded step at which the averaged token depends on the walk (variance > threshold)."""
-    return first_step(results, run, "averaged_token", lambda a: max_variance(a) > BROKEN_VARIANCE)
-
-
-def first_step_above(results: Results, run: str, key: str, threshold: float) -> float:
-    """First step whose history ``key`` exceeds ``threshold`` (inf if none)."""
-    return results[run].first_step(lambda h: h[key] > threshold)
+    return results[run].first_step("averaged_token", lambda a: max_variance(a) > BROKEN_VARIANCE)
 
 
 def full_step(results: Results, run: str) -> float:
     """First step at which the test accuracy exceeds 0.999 (inf if never)."""
-    return first_step_above(results, run, "test_accuracy", 0.999)
+    return results[run].first_step("test_accuracy", lambda a: a > 0.999)
 
 
 def broken_below_full(results: Results, run: str) -> bool:
@@ -381,7 +329,7 @@ def kl_half_step(results: Results, run: str, key: str) -> float:
     """First recorded step at which the KL is at most half that of the uniform prediction (inf if none)."""
     r = results[run]
     uniform = kl_uniform(r)
-    return first_step(results, run, key, lambda v: v <= uniform / 2)
+    return r.first_step(key, lambda v: v <= uniform / 2)
 
 
 def kl_uniform(run: Any) -> float:
@@ -448,7 +396,7 @@ def ones_part_drift(results: Results, run: str) -> float:
     """Relative change of V's all-ones part c from the first recorded V after attention locks onto the
     parent (mean parent attention above 0.9) to the last step (NaN if it never locks)."""
     steps, c, _ = v_parts(results, run)
-    lock = first_step_above(results, run, "parent_attention", 0.9)
+    lock = results[run].first_step("parent_attention", lambda a: a > 0.9)
     after = np.flatnonzero(steps >= lock)
     if not after.size:
         return math.nan
@@ -598,8 +546,8 @@ def fig12_claims(reading: Reading) -> list[Claim]:
         Claim(tag + f"V is proportional to all-ones up to about step 700 (largest column spread at steps "
               f"{', '.join(map(str, shown))}; < {ONES_SPREAD})",
               Computed(lambda r: max(spread_at(r, run, s) for s in shown)), at_most(ONES_SPREAD),
-              note="spread = max|V[:, j] - V[:, 0]| / max|V|, at the steps the paper shows; while V is small the "
-                   "N(0, 0.01^2) initial noise alone counts", why=why),
+              note="spread = max_j |V[:, j] - V[:, 1]| / max|V| (columns 1..K), at the steps the paper shows; while "
+                   "V is small the N(0, 0.01^2) initial noise alone counts", why=why),
         Claim(tag + f"V is no longer proportional to all-ones at step 1000 (column spread >= {ONES_SPREAD})",
               Computed(lambda r: spread_at(r, run, 1000)), at_least(ONES_SPREAD), why=why),
     ]

@@ -22,6 +22,10 @@ from experiments.spec import (Claim, Computed, FigureSpec, Final, History, Panel
 REDUCED = {"model": {"pos_dim": 200}, "train": {"steps": 10, "n_train": 300, "n_test": 300}}
 
 
+#: How far V's columns are from equal (the symmetric state), as the panels label it (columns 1..K).
+COLUMN_SPREAD = r"max$_j\,|V_{:,j} - V_{:,1}|$ / max$\,|V|$"
+
+
 def walk_panels(run: str, K: int, bayes: float, steps: int) -> list[Panel]:
     return [
         Panel("line", "(a) test accuracy", series={"test": History(run, "test_accuracy"),
@@ -41,7 +45,7 @@ def walk_panels(run: str, K: int, bayes: float, steps: int) -> list[Panel]:
 def first_step_within(results: Results, run: str, target: float) -> float:
     """First step whose test accuracy lies within 3 standard errors of ``target`` (inf if none)."""
     tol = binomial_tol(target, len(results[run].test))
-    return results[run].first_step(lambda h: abs(h["test_accuracy"] - target) <= tol)
+    return results[run].first_step("test_accuracy", lambda a: abs(a - target) <= tol)
 
 
 def learning_figure(fig_id: str, K: int, N: int, p: float = 0.5, steps: int = 50,
@@ -95,7 +99,7 @@ def neighbours_dominate(V: np.ndarray, p: float) -> bool:
 
 def prediction_count(results: Results, run: str) -> int:
     """How many different labels the trained model predicts on the test walks."""
-    from rwinterp.model import predict
+    from rwinterp.metrics import predict
 
     r = results[run]
     with torch.no_grad():
@@ -123,12 +127,12 @@ def failure_figure(fig_id: str, K: int, N: int, steps: int = 50, note: str = "")
                  "proportional to all-ones and accuracy stays at 1/K (Theorem 4.1). Each row of V scales with "
                  "how often its state is the label of a training walk (colour scale from 0). "
                  "Panel (e) shows how far V and the attention are from that symmetric state at each step: exactly 0 "
-                 "in floating point too (drawn at the bottom of the axis), as training keeps equal quantities "
+                 "in floating point too (drawn at the axis' 0, below its decades), as training keeps equal quantities "
                  "bit-for-bit equal (the fragility study shows what round-off does otherwise)."),
         runs=[run],
         panels=walk_panels("walk", K, 1.0, steps) + [
             Panel("line", "(e) distance from the symmetric state", series={
-                "max|V[:,j]-V[:,0]|/max|V|": History("walk", "v_column_spread"),
+                COLUMN_SPREAD: History("walk", "v_column_spread"),
                 "attention spread on tokens": History("walk", "attention_spread")},
                 xlabel="step", ylabel="relative spread (log)", logy=True, options={"style": ".-", "dashes": True}),
         ],

@@ -1,7 +1,7 @@
 """Shared pieces of the deeper-model studies (``depth_p1``, ``depth_order``); no figure of its own.
 
-Runs use :class:`rwinterp.deep.DeepTransformer` (model dicts carry ``"kind": "deep"`` and
-:class:`rwinterp.deep.DeepConfig` fields) and record no per-step quantities: the panels and claims
+Runs use :class:`rwinterp.model.DeepTransformer` (model dicts carry ``"kind": "deep"`` and
+:class:`rwinterp.config.DeepOptions` fields) and record no per-step quantities: the panels and claims
 read the history (accuracy, parent attention of every layer and head) and the trained model.
 """
 
@@ -12,8 +12,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from experiments.spec import Record, Results, RunSpec
-from rwinterp.deep import standard_options
+from experiments.spec import Record, Results, RunSpec, Table
+from rwinterp.config import standard_options
 from rwinterp.losses import average
 
 #: ``DeepConfig.standard(K, N, 32)`` as model fields: learned tokens and added learned positions,
@@ -25,14 +25,11 @@ STANDARD_TRAIN = {"optimizer": "adamw", "lr": 0.01, "loss": "xent", "next_token"
 
 def deep_run(name: str, task: dict[str, Any], model: Optional[dict] = None, train: Optional[dict] = None,
              reduced: Optional[dict] = None, label: str = "") -> RunSpec:
-    """A run of the deep model (``n_states``/``n_ctx`` come from the task)."""
-    return RunSpec(name, dict(task), {"kind": "deep", **(model or {})}, dict(train or {}), Record(quantities=()),
-                   dict(reduced or {}), label or name)
-
-
-def first_step(results: Results, run: str, threshold: float) -> float:
-    """First step whose test accuracy is at least ``threshold`` (inf if never)."""
-    return results[run].first_step(lambda h: h["test_accuracy"] >= threshold)
+    """A run of the deep model (``n_states``/``n_ctx`` come from the task). Every model of these studies stores its
+    whole key-query matrix W (``rank_one_query=False``), so that a one-layer model is parametrised, initialised
+    and trained as its deeper counterparts are."""
+    return RunSpec(name, dict(task), {"kind": "deep", "rank_one_query": False, **(model or {})}, dict(train or {}),
+                   Record(quantities=()), dict(reduced or {}), label or name)
 
 
 def query_attention(results: Results, run: str) -> np.ndarray:
@@ -65,7 +62,7 @@ def parent_rows(results: Results, runs: list[str]) -> tuple[np.ndarray, list[str
 
 def scorecard_vs_random(results: Results, run: str) -> dict[str, Any]:
     """The probes' scorecard of the trained model and the mean over random-initialised models of
-    the same architecture, on the same test walks (:func:`probes.scorecard.compare_to_random`):
+    the same architecture, on the same test walks (:func:`probes.scoring.compare_to_random`):
     2 seeds on the first 100 test walks (1 seed on 50 walks in reduced mode). A population test
     set is probed whole."""
     r = results[run]
@@ -73,7 +70,7 @@ def scorecard_vs_random(results: Results, run: str) -> dict[str, Any]:
 
     def compute() -> dict[str, Any]:
         from probes.config import ProbeConfig
-        from probes.scorecard import compare_to_random
+        from probes.scoring import compare_to_random
 
         data = r.test if r.test.weights is not None else r.test[:walks]
         comparison = compare_to_random(r.model, r.task, data, seeds=seeds,
@@ -85,19 +82,20 @@ def scorecard_vs_random(results: Results, run: str) -> dict[str, Any]:
 
 SCORE_KEYS = ("accuracy", "parent_attention", "attention.uniformity", "patching.localization",
               "patching.necessity")
-#: Column headings of :func:`score_table` where the score's own name is too wide (13 characters).
-COLUMN_LABELS = {"parent_attention": "parent attn"}
+#: Column headings of :func:`score_table` where the score's own name is not the last part of its key.
+COLUMN_LABELS = {"parent_attention": "parent attention"}
 
 
-def score_table(results: Results, runs: list[str], keys: tuple[str, ...] = SCORE_KEYS) -> str:
-    """A text table: each run's probe scores, trained / mean of random-initialised models."""
-    short = {k: COLUMN_LABELS.get(k, k.split(".")[-1])[:13] for k in keys}
-    lines = ["run            " + " ".join(f"{short[k]:>13s}" for k in keys), "(trained / random init)"]
+def score_table(results: Results, runs: list[str], keys: tuple[str, ...] = SCORE_KEYS) -> Table:
+    """Each run's probe scores, trained / mean of random-initialised models; each heading carries the
+    way the score moves when a model learns the task (:func:`probes.scoring.direction`)."""
+    from probes.scoring import direction
+
+    columns = ["run"] + [COLUMN_LABELS.get(k, k.split(".")[-1]) + direction(k) for k in keys]
+    rows = []
     for run in runs:
         card = scorecard_vs_random(results, run)
-        cells = []
-        for k in keys:
-            a, b = card["trained"].get(k, math.nan), card["random"].get(k, math.nan)
-            cells.append(f"{a:6.3f}/{b:6.3f}")
-        lines.append(f"{run:14s} " + " ".join(f"{c:>13s}" for c in cells))
-    return "\n".join(lines)
+        rows.append([run] + [f"{card['trained'].get(k, math.nan):.3f} / {card['random'].get(k, math.nan):.3f}"
+                             for k in keys])
+    return Table(columns, rows, "each cell: trained / random init; ↑ higher, ↓ lower for a model that learned "
+                                "the task")

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments.spec import (Claim, Computed, FigureSpec, Final, Panel, Results, accuracy_near, at_least,
+from experiments.spec import (Claim, Computed, FigureSpec, Final, Panel, Results, Table, accuracy_near, at_least,
                               at_most, binomial_tol)
 from experiments.specs.depth_common import deep_run, parent_rows, query_attention, score_table
-from rwinterp.deep import standard_options
+from rwinterp.config import standard_options
 from rwinterp.tasks import task_from_dict
 
 PERSISTENT = {"kind": "persistent", "K": 5, "q": 0.8, "N": 8}
@@ -120,37 +120,38 @@ def _layer_of_last_parent(results: Results, runs: list[str]) -> dict[str, int]:
     return out
 
 
-ROWS_NOTE = "columns: parent s_{N-2}, parent s_{N-1}, all other positions"
+ROWS_NOTE = "columns: parent $s_{N-2}$, parent $s_{N-1}$, all other positions"
 #: The tick labels of (c) and (d): a row per two-layer run and layer, a column per parent and the rest.
 HEAT_LABELS = {"yticklabels": [f"{run} L{layer}" for run in TWO_LAYER for layer in range(2)],
-               "xticklabels": ["s_{N-2}", "s_{N-1}", "other"]}
+               "xticklabels": ["$s_{N-2}$", "$s_{N-1}$", "other"]}
 
 SPEC = FigureSpec(
+    shortfall='Not every seed: a two-layer model can represent the second-order rule, but in some runs one layer spreads its attention instead of taking a parent.',
     id="depth-order",
     title="second-order chains: which layer finds which parent",
     caption=("On the persistent walk every two-layer standard transformer, and the paper-style two-layer model in "
              "two seeds of three, reach the Bayes accuracy; the one-layer single-head model does not, one layer "
              "with two heads does. Which layer attends to which parent differs between seeds (c). Patching one "
-             "position's values (d) credits mostly s_{N-1} on the persistent walk: s_{N-2} patched alone into "
+             "position's values (d) credits mostly $s_{N-1}$ on the persistent walk: $s_{N-2}$ patched alone into "
              "another walk rarely fits it. On the random chain, whose rule is not additive in the parents, the "
-             "one-layer model does no better than s_{N-1} alone and the two-layer models get closer to Bayes."),
+             "one-layer model does no better than $s_{N-1}$ alone and the two-layer models get closer to Bayes."),
     runs=RUNS,
     layout=(2, 3),
     panel_size=(6.0, 4.2),
     panels=[
         Panel("bar", "(a) persistent walk: accuracy (exact, population)", data=_accuracies(PERSISTENT_RUNS),
-              ref={"Bayes q": 0.8, "s_{N-1} alone": 0.5}, ylabel="accuracy", ylim=(0, 1)),
+              ref={"Bayes q": 0.8, "$s_{N-1}$ alone": 0.5}, ylabel="accuracy", ylim=(0, 1)),
         Panel("bar", "(b) random 2nd-order chain: test accuracy", data=_accuracies(RANDOM_RUNS),
-              ref={"Bayes": RANDOM_BAYES, "s_{N-1} alone": RANDOM_LAST_STATE}, ylabel="accuracy", ylim=(0, 1)),
+              ref={"Bayes": RANDOM_BAYES, "$s_{N-1}$ alone": RANDOM_LAST_STATE}, ylabel="accuracy", ylim=(0, 1)),
         Panel("heatmap", "(c) query-slot attention per layer on the parents", data=_heat(parent_rows, TWO_LAYER),
               xlabel=ROWS_NOTE, options={"annot": True, **HEAT_LABELS}),
         Panel("heatmap", "(d) value patching per layer at the parents", data=_heat(value_patching_rows, TWO_LAYER),
               xlabel=ROWS_NOTE, options={"annot": True, "cmap": "vlag", "center": 0.0, **HEAT_LABELS}),
-        Panel("text", "(e) probe scores, trained / random-initialised",
+        Panel("table", "(e) probe scores, trained / random-initialised",
               data=Computed(lambda r: score_table(r, ["one", "one-2h", "two-s0", "std1", "std2-s0"]))),
-        Panel("text", "(f) the layer attending most to s_{N-1}",
-              data=Computed(lambda r: "\n".join(
-                  f"{run}: layer {layer}" for run, layer in _layer_of_last_parent(r, TWO_LAYER).items()))),
+        Panel("table", "(f) the layer attending most to $s_{N-1}$",
+              data=Computed(lambda r: Table(["run", "layer"], [
+                  [run, layer] for run, layer in _layer_of_last_parent(r, TWO_LAYER).items()]))),
     ],
     claims=[
         Claim("every two-layer paper-style model reaches the Bayes accuracy q = 0.8 of the persistent walk "

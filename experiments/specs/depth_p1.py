@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from experiments.spec import (Claim, Computed, FigureSpec, Final, History, Panel, accuracy_near, at_least,
                               at_most, binomial_tol)
-from experiments.specs.depth_common import STANDARD, STANDARD_TRAIN, deep_run, first_step, query_attention, score_table
+from experiments.specs.depth_common import STANDARD, STANDARD_TRAIN, deep_run, query_attention, score_table
 
 K, N, M = 6, 25, 128
 TASK = {"kind": "circle", "K": K, "p": 1.0, "N": N}
@@ -47,7 +47,8 @@ def _final(key: str):
 
 
 def _steps_to_solve(results):
-    return {name: min(first_step(results, name, 0.99), results[name].history[-1]["step"] + 1) for name in NAMES}
+    return {name: min(results[name].first_step("test_accuracy", lambda a: a >= 0.99),
+                      results[name].history[-1]["step"] + 1) for name in NAMES}
 
 
 def _top_attention(results, run: str) -> float:
@@ -82,7 +83,7 @@ SPEC = FigureSpec(
               ylabel="steps", options={"rotation": 45}),
         Panel("bar", "(d) mean attention on the parent (layer 0, head 0)", data=_final("parent_attention"),
               ylabel="attention", options={"rotation": 45}),
-        Panel("text", "(e) probe scores on the first 100 test walks, trained / random-initialised (mean of 2 seeds)",
+        Panel("table", "(e) probe scores on the first 100 test walks, trained / random-initialised (mean of 2 seeds)",
               data=Computed(lambda r: score_table(r, NAMES))),
     ],
     claims=[

@@ -1,7 +1,8 @@
 """Figure 2: the transition matrices Pi of the walk on a circle of K = 6 nodes, p = 0.5, 0.7, 1.
 
-No training: the panels are Pi itself, and the claims check the facts of section 1 that the rest
-of the paper uses (circulant, stationary uniform start, Bayes accuracy max(p, 1-p) on sampled walks).
+No training: the panels are Pi itself, and the claims check the facts of the task that the rest of
+the paper uses (``docs/model.md`` section 1: circulant, stationary uniform start, Bayes accuracy
+max(p, 1-p) on sampled walks).
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ import math
 
 import numpy as np
 
-from experiments.spec import (Claim, Computed, FigureSpec, Panel, Record, Results, Snapshot, at_most, between,
-                              is_true, near, walk_run)
+from experiments.spec import (Claim, Computed, FigureSpec, Panel, Record, Results, Snapshot, Table, at_most,
+                              between, is_true, near, walk_run)
+from experiments.specs._walk import COLUMN_SPREAD
 
 SHAPES = ((6, 97), (20, 101), (5, 101), (7, 99))
 VARIANTS = (("orthogonal", "float64"), ("orthogonal", "float32"), ("sine", "float64"), ("sine", "float32"))
@@ -39,7 +40,7 @@ RUNS = [walk_run(name(K, pe, dt), K, 1.0, N, model={"pos_embedding": pe, "dtype"
 
 def break_step(results: Results, run: str) -> float:
     """First step at which test accuracy exceeds 1/2 (NaN if it never does)."""
-    return results[run].first_step(lambda h: h["test_accuracy"] > 0.5, never=math.nan)
+    return results[run].first_step("test_accuracy", lambda a: a > 0.5, never=math.nan)
 
 
 def asymmetric_steps(results: Results, run: str) -> int:
@@ -66,20 +67,19 @@ def broken_runs(results: Results) -> list[str]:
     return [run for run in results if not math.isnan(break_step(results, run))]
 
 
-def break_table(results: Results) -> str:
-    header = f"{'K, N':<8}" + "".join(f"{pe[:4] + dt[-2:]:>7}" for pe, dt in VARIANTS)
-    rows = [header]
+def break_table(results: Results) -> Table:
+    """The first step with accuracy above 1/2, per shape (row) and embedding and precision (column)."""
+    rows = []
     for K, N in SHAPES:
         cells = []
         for pe, dt in VARIANTS:
             run = name(K, pe, dt)
-            if run not in results:
-                continue
-            b = break_step(results, run)
-            cells.append(f"{'never' if math.isnan(b) else int(b):>7}")
-        rows.append(f"{f'{K}, {N}':<8}" + "".join(cells))
-    return ("first step with accuracy > 1/2\n\n" + "\n".join(rows) +
-            f"\n\n'never': symmetric for all {STEPS} steps")
+            if run in results:
+                b = break_step(results, run)
+                cells.append("never" if math.isnan(b) else int(b))
+        rows.append([f"{K}, {N}", *cells])
+    return Table(["K, N", *(f"{pe} {dt[-2:]}" for pe, dt in VARIANTS)], rows,
+                 f"first step with accuracy > 1/2; never: symmetric for all {STEPS} steps")
 
 
 def draw_spread(K: int):
@@ -102,11 +102,11 @@ EXAMPLE = name(6, "sine", "float64")
 CLAIMS = [
     Claim("K=6, N=97, orthogonal float64: V stays exactly symmetric at every step (steps with unequal columns)",
           Computed(lambda r: asymmetric_steps(r, name(6, "orthogonal", "float64"))), at_most(0), reduced=True,
-          note="PAPER.md section 5: exactly orthogonal embeddings keep the symmetry"),
+          note="docs/model.md section 6: exactly orthogonal embeddings keep the symmetry"),
     Claim("K=6, N=97, sine float64: the symmetry breaks after 10 to 15 steps (first step with accuracy > 1/2)",
-          Computed(lambda r: break_step(r, EXAMPLE)), between(10, 15), note="PAPER.md section 5"),
+          Computed(lambda r: break_step(r, EXAMPLE)), between(10, 15), note="docs/model.md section 6"),
     Claim("K=6, N=97, sine float64: after the break accuracy jumps to 1",
-          Computed(lambda r: r[EXAMPLE].final["test_accuracy"]), near(1.0, 0.0), note="PAPER.md section 5"),
+          Computed(lambda r: r[EXAMPLE].final["test_accuracy"]), near(1.0, 0.0), note="docs/model.md section 6"),
     Claim("exactly orthogonal float64 embeddings keep the symmetry exactly for every (K, N) tested (steps with "
           "unequal columns of V, summed over the shapes)",
           Computed(lambda r: sum(asymmetric_steps(r, name(K, "orthogonal", "float64")) for K, _ in SHAPES)),
@@ -134,11 +134,9 @@ SPEC = FigureSpec(
              "float64 embeddings stay exactly symmetric for every K tested."),
     runs=RUNS,
     panels=[
-        Panel("text", "(a) when the symmetry breaks", data=Computed(break_table)),
-        Panel("custom", "(b) K = 6: V column spread", draw=draw_spread(6), xlabel="step",
-              ylabel="max|V[:,j]-V[:,0]| / max|V|"),
-        Panel("custom", "(c) K = 20: V column spread", draw=draw_spread(20), xlabel="step",
-              ylabel="max|V[:,j]-V[:,0]| / max|V|"),
+        Panel("table", "(a) when the symmetry breaks", data=Computed(break_table)),
+        Panel("custom", "(b) K = 6: V column spread", draw=draw_spread(6), xlabel="step", ylabel=COLUMN_SPREAD),
+        Panel("custom", "(c) K = 20: V column spread", draw=draw_spread(20), xlabel="step", ylabel=COLUMN_SPREAD),
         Panel("bar", "(d) K = 6 sine float64: attention", data=Snapshot(EXAMPLE, "attention", STEPS),
               xlabel="position", ylabel="mean attention"),
         Panel("heatmap", "(e) K = 6 sine float64: V", data=Snapshot(EXAMPLE, "V", STEPS), xlabel="token",

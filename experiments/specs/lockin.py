@@ -1,10 +1,10 @@
 """K = 20: with 1000 training walks the step-2 attention update can lock onto a wrong position.
 
-PAPER.md section 5: "with K = 20 and only 1000 training walks, the large step-2 attention update
-can lock onto a wrong position; more training walks (tens of thousands) fix it". This study trains
-K = 20, N = 101, p = 0.7 from zero
-initialisation for six data seeds with 1000, 30000 and 100000 training walks. The outcome is decided
-within the first four steps, so 6 steps suffice. It also records the positional attention logits
+The expectation (``docs/model.md`` section 6): with K = 20 and only 1000 training walks, the large
+step-2 attention update can lock onto a wrong position, and more training walks (tens of thousands)
+fix it. This study trains K = 20, N = 101, p = 0.7 from zero initialisation for six data seeds with
+1000, 30000 and 100000 training walks. The outcome is decided within the first four steps, so 6 steps
+suffice. It also records the positional attention logits
 after step 2: those of the parent (N-1) and of position N-3 are nearly equal, so sampling noise in the
 step-2 gradient decides which one wins.
 """
@@ -70,11 +70,11 @@ def grouped(key, legend: bool = False, ref: dict[str, float] | None = None):
 
 CLAIMS = [
     Claim("with 1000 training walks some seeds lock onto a wrong position (seeds of 6 with parent attention < 1/2)",
-          Computed(lambda r: locked(r, 1000)), at_least(1), note="PAPER.md section 5"),
+          Computed(lambda r: locked(r, 1000)), at_least(1), note="docs/model.md section 6"),
     Claim("with tens of thousands of walks (30000) no seed locks onto a wrong position",
           Computed(lambda r: locked(r, 30000)), at_most(0),
-          note=("PAPER.md section 5 says more walks fix it. More walks help but 30000 do not always suffice: the "
-                "step-2 logits of the parent and of position N-3 differ by under 1% on average (next "
+          note=("docs/model.md section 6 expected more walks to fix it. More walks help but 30000 do not always "
+                "suffice: the step-2 logits of the parent and of position N-3 differ by under 1% on average (next "
                 "claim), so the sample must be large enough for the gradient noise to be smaller still (see the "
                 "100000-walk claim).")),
     Claim("with 100000 walks no seed locks onto a wrong position",
@@ -86,6 +86,7 @@ CLAIMS = [
 ]
 
 SPEC = FigureSpec(
+    shortfall="30000 walks still leave one seed of six locked onto a wrong position: the parent's and position N-3's step-2 logits differ by under 1%, so sampling noise decides; 100000 walks fix every seed.",
     id="lockin",
     title="K = 20, p = 0.7: lock-in on a wrong position with 1000, 30000 and 100000 training walks",
     caption=("(a) Final attention on the parent for each data seed (colour: training walks, legend in b): near 0 (no "

@@ -1,8 +1,8 @@
-"""Trained against random models, scored by the probes (:mod:`probes.scorecard`).
+"""Trained against random models, scored by the probes (:mod:`probes.scoring`).
 
 The trained models are those of Figs 4 (p = 1/2), 5 (p = 1) and 7 (QA task 1), shared with those
 figures' runs. Each is put beside random-initialised models of the same configuration (3 seeds) by
-:func:`probes.scorecard.compare_to_random`, probed on the same 200 test samples. The probes are
+:func:`probes.scoring.compare_to_random`, probed on the same 200 test samples. The probes are
 imported inside the measurements: if they fail, the claims say so and the rest of the report stands.
 """
 
@@ -34,7 +34,7 @@ def comparison(results: Results, run: str) -> Any:
 
     def compute() -> Any:
         from probes.config import ProbeConfig
-        from probes.scorecard import compare_to_random
+        from probes.scoring import compare_to_random
 
         r = results[run]
         n = min(N_PROBE if not results.reduced else 50, len(r.test))
@@ -56,15 +56,22 @@ def draw(run: str):
     def panel(ax, results: Results) -> None:
         import seaborn as sns
 
+        from probes.scoring import direction
+
         keys = [k for k in SCORES if not math.isnan(trained(results, run, k))]
         c = comparison(results, run)
         x = np.arange(len(keys))
         colours = sns.color_palette("colorblind")
-        ax.bar(x - 0.2, [trained(results, run, k) for k in keys], 0.4, color=colours[0], label="trained")
-        ax.bar(x + 0.2, [c.spreads[k].mean for k in keys], 0.4, yerr=[c.spreads[k].std for k in keys],
-               color=colours[1], capsize=2, label=f"random init ({SEEDS} seeds)")
+        for shift, values, colour, label, err in (
+                (-0.2, [trained(results, run, k) for k in keys], colours[0], "trained", None),
+                (0.2, [c.spreads[k].mean for k in keys], colours[1], f"random init ({SEEDS} seeds)",
+                 [c.spreads[k].std for k in keys])):
+            ax.bar(x + shift, values, 0.4, yerr=err, color=colour, capsize=2, label=label)
+            # A dot at each bar's end: a score of exactly 0 is seen, not mistaken for a missing bar.
+            ax.scatter(x + shift, values, s=14, color=colour, edgecolors="white", linewidths=0.6, zorder=3,
+                       clip_on=False)
         ax.set_xticks(x)
-        ax.set_xticklabels(keys, rotation=60, ha="right", fontsize=6)
+        ax.set_xticklabels([k + direction(k) for k in keys], rotation=60, ha="right", fontsize=6)
         ax.axhline(0, color="0.3", lw=0.8)
         lo, hi = ax.get_ylim()
         ax.set_ylim(lo, hi + 0.2 * (hi - lo))  # a band above the bars for the legend
@@ -102,7 +109,9 @@ SPEC = FigureSpec(
     id="probes",
     title="trained against random-initialised models, scored by the probes",
     caption=("Each panel puts the probe scores of a trained model (blue) beside random-initialised models of the same "
-             "configuration (orange, mean and sd over 3 seeds) on the same test samples. The p = 1/2 model's scores "
+             "configuration (orange, mean and sd over 3 seeds) on the same test samples; a dot marks each bar's end "
+             "(a score of 0 is a dot on the axis), and an arrow after a score's name says which way learning the task "
+             "moves it (up: higher, down: lower). The p = 1/2 model's scores "
              "say 'attends to the parent and applies Pi^T' (a); the p = 1 model's say 'averages all tokens' (b). On "
              "QA task 1 (c) the trained model answers every list and puts more attention on the fruit slots (its "
              "parents) than random models; its patching scores are 1 for random models too, as clean and corrupted "

@@ -128,6 +128,7 @@ def summary(results: Results) -> str:
 
 
 SPEC = FigureSpec(
+    shortfall='Deliberately: each row checks whether one reading of the setting reproduces every trained figure, and none does.',
     id="readings",
     title="one reading for the whole paper: each reading of the loss on every trained figure",
     caption=("Each row reruns the stated setting of every figure that trains (4 to 13) with one change to the loss, "

@@ -168,6 +168,7 @@ for K, p in RATE:
                         note="sqrt taken entrywise; equals the previous claim for p = 1/2"))
 
 SPEC = FigureSpec(
+    shortfall="For p != 1/2 V's direction tends to the entrywise square root of Pi^T, not to Pi^T: the distance to Pi^T levels off (the claim marked as a finding holds instead).",
     id="theorem31",
     title="Theorem 3.1 over p = 0.1..0.9 and K = 5, 6, 7",
     caption=("(a) Accuracy sits on max(p, 1-p) for every p and K. (b) Attention off the parent (summed over the other "

@@ -1,4 +1,5 @@
-"""Tests of rwinterp.standard: a standard 1-layer attention-only TransformerBridge on random walks.
+"""A standard 1-layer attention-only TransformerLens model (rwinterp.bridge) trained on random walks by the
+library's training loop and saved as a run.
 
 Walks on a circle of K=5 states: uniform start, then each step is +1 (mod K) with probability
 p=0.8 and -1 otherwise. The next state depends only on the current one, so the Bayes-optimal
@@ -26,16 +27,12 @@ import math
 import pytest
 import torch
 
+from rwinterp.bridge import attn_scores_from_cache, build_bridge
+from rwinterp.config import BridgeOptions, TrainConfig
 from rwinterp.errors import RwinterpError
-from rwinterp.standard import (
-    attn_scores_from_cache,
-    build_standard_model,
-    load_standard_model,
-    save_standard_model,
-    standard_weights,
-    train_standard_model,
-)
+from rwinterp.runs import load_run, save_run
 from rwinterp.tasks import CircleWalk, circle_transition
+from rwinterp.training import train
 
 K = 5
 P = 0.8
@@ -50,9 +47,24 @@ DATA_SEED = 1
 TEST_SEED = 2
 
 
+TASK = CircleWalk(K, P, LENGTH)
+
+
 def random_walks(n: int, seed: int) -> torch.Tensor:
     """``[n, LENGTH]`` walks on the circle of K states (the task's whole walks s_1..s_N)."""
-    return CircleWalk(K, P, LENGTH).sample(n, seed).states
+    return TASK.sample(n, seed).states
+
+
+def bridge(**options) -> torch.nn.Module:
+    return build_bridge(BridgeOptions(**{"n_states": K, "n_ctx": LENGTH, "n_layers": 1, "d_model": D_MODEL,
+                                         "seed": MODEL_SEED, **options}))
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    """Detached copies of the TransformerLens weight views."""
+    names = ("W_E", "W_pos", "W_Q", "W_K", "W_V", "W_O", "W_U", "b_Q", "b_K", "b_V", "b_O", "b_U")
+    with torch.no_grad():
+        return {name: getattr(model, name).detach().clone() for name in names}
 
 
 def mean_kl_from_pi(logits: torch.Tensor, pi: torch.Tensor) -> float:
@@ -74,12 +86,16 @@ def single_thread():
     torch.set_num_threads(threads)
 
 
+CONFIG = TrainConfig(optimizer="adamw", lr=LR, steps=STEPS, loss="xent", next_token=True, n_train=N_TRAIN,
+                     n_test=N_TEST, eval_every=STEPS)
+
+
 @pytest.fixture(scope="module")
 def trained(single_thread):
-    model = build_standard_model(K, LENGTH, d_model=D_MODEL, seed=MODEL_SEED)
-    losses = train_standard_model(
-        model, random_walks(N_TRAIN, seed=DATA_SEED), steps=STEPS, lr=LR, seed=0
-    )
+    model = bridge()
+    result = train(model, TASK, CONFIG, data=(TASK.sample(N_TRAIN, DATA_SEED), TASK.sample(N_TEST, TEST_SEED)),
+                   progress=False)
+    losses = [h["loss"] for h in result.history]
     test = random_walks(N_TEST, seed=TEST_SEED)
     with torch.no_grad():
         logits, cache = model.run_with_cache(test)
@@ -89,7 +105,7 @@ def trained(single_thread):
 def test_training_reduces_loss_to_entropy(trained):
     _, losses, _, _, _ = trained
     entropy = -(P * math.log(P) + (1 - P) * math.log(1 - P))  # 0.5004 nats
-    assert len(losses) == STEPS
+    assert len(losses) == 2  # evaluated at the first and the last step
     assert losses[0] > 1.5  # ~log(5) at init
     assert abs(losses[-1] - entropy) < 0.05, (losses[-1], entropy)
 
@@ -131,7 +147,7 @@ def test_attention_reads_the_current_state(trained):
 
 def test_circuit_matches_transition_matrix(trained):
     model, _, _, _, _ = trained
-    w = standard_weights(model)
+    w = weights(model)
     pi = circle_transition(K, P)
     ov = w["W_V"][0, 0] @ w["W_O"][0, 0] @ w["W_U"]  # [d_model, d_vocab]
     kl_ov = mean_kl_from_pi(w["W_E"] @ ov, pi)
@@ -159,38 +175,17 @@ def test_circuit_matches_transition_matrix(trained):
     assert kl_ov > kl_full
 
 
-def test_save_load_identical_logits(trained, tmp_path):
+def test_a_bridge_is_a_run_like_any_model(trained, tmp_path):
     model, _, test, logits, _ = trained
-    save_standard_model(model, tmp_path / "std")
-    assert (tmp_path / "std" / "model.safetensors").is_file()
-    assert (tmp_path / "std" / "config.json").is_file()
-    loaded = load_standard_model(tmp_path / "std")
-    assert not loaded.training
+    save_run(tmp_path / "run", model, TASK, CONFIG.to_dict(), [], {})
+    run = load_run(tmp_path / "run")
+    config = __import__("json").loads((tmp_path / "run" / "config.json").read_text())
+    assert config["model_kind"] == "bridge" and config["model"]["d_model"] == D_MODEL
+    assert not run.model.training and run.task.to_dict() == TASK.to_dict()
     with torch.no_grad():
-        assert torch.equal(loaded(test), logits)
-    for name, value in standard_weights(model).items():
-        assert torch.equal(standard_weights(loaded)[name], value), name
-
-
-def test_save_is_atomic_and_load_errors_are_one_line(trained, tmp_path):
-    """Saving replaces a saved model whole and refuses any other directory; damaged files give a
-    one-line RwinterpError, not a safetensors or JSON traceback."""
-    model = trained[0]
-    target = save_standard_model(model, tmp_path / "std")
-    save_standard_model(model, target)  # replaced
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["std"]  # nothing half-written beside it
-    assert (target / "model.safetensors").stat().st_mode & 0o444 == (target / "config.json").stat().st_mode & 0o444
-    (tmp_path / "mine").mkdir()
-    (tmp_path / "mine" / "notes.txt").write_text("keep")
-    with pytest.raises(RwinterpError, match="not a saved standard model directory"):
-        save_standard_model(model, tmp_path / "mine")
-    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
-    (target / "model.safetensors").write_bytes(b"\x00" * 16)
-    with pytest.raises(RwinterpError, match="unreadable .*model.safetensors"):
-        load_standard_model(target)
-    (target / "config.json").write_text("{not json")
-    with pytest.raises(RwinterpError, match="unreadable .*config.json"):
-        load_standard_model(target)
+        assert torch.equal(run.model(test), logits)
+    for name, value in weights(model).items():
+        assert torch.equal(weights(run.model)[name], value), name
 
 
 def test_run_with_cache_and_hooks(trained):
@@ -251,10 +246,10 @@ def test_activation_patching_resid_pre(trained):
 
 
 def test_build_is_reproducible_and_weights_have_tl_shapes():
-    a = build_standard_model(7, 12, d_model=16, n_layers=2, n_heads=4, seed=3)
-    b = build_standard_model(7, 12, d_model=16, n_layers=2, n_heads=4, seed=3)
-    c = build_standard_model(7, 12, d_model=16, n_layers=2, n_heads=4, seed=4)
-    wa, wb, wc = standard_weights(a), standard_weights(b), standard_weights(c)
+    a = build_bridge(BridgeOptions(n_states=7, n_ctx=12, d_model=16, n_layers=2, n_heads=4, seed=3))
+    b = build_bridge(BridgeOptions(n_states=7, n_ctx=12, d_model=16, n_layers=2, n_heads=4, seed=3))
+    c = build_bridge(BridgeOptions(n_states=7, n_ctx=12, d_model=16, n_layers=2, n_heads=4, seed=4))
+    wa, wb, wc = weights(a), weights(b), weights(c)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert not torch.equal(wa["W_E"], wc["W_E"])
     assert wa["W_E"].shape == (7, 16)
@@ -268,33 +263,30 @@ def test_build_is_reproducible_and_weights_have_tl_shapes():
     with torch.no_grad():
         logits, cache = a.run_with_cache(tokens)
     q = torch.einsum("bpd,hde->bphe", cache["blocks.1.hook_resid_pre"], wa["W_Q"][1]) + wa["b_Q"][1]
-    assert torch.allclose(q, cache["blocks.1.attn.hook_q"], atol=1e-5)
+    torch.testing.assert_close(q, cache["blocks.1.attn.hook_q"])
     final = cache["blocks.1.hook_resid_post"]
-    assert torch.allclose(final @ wa["W_U"] + wa["b_U"], logits, atol=1e-5)
+    torch.testing.assert_close(final @ wa["W_U"] + wa["b_U"], logits)
 
 
 def test_training_is_deterministic():
-    tokens = random_walks(64, seed=5)
+    config = TrainConfig(optimizer="adamw", lr=1e-2, steps=6, loss="xent", next_token=True, batch_size=16,
+                         n_train=64, n_test=64, seed=7)
     runs = []
     for _ in range(2):
-        model = build_standard_model(K, LENGTH, d_model=8, seed=1)
-        losses = train_standard_model(model, tokens, steps=6, lr=1e-2, batch_size=16, seed=7)
-        runs.append((losses, standard_weights(model)))
+        model = bridge(d_model=8, seed=1)
+        history = train(model, TASK, config, progress=False).history
+        runs.append((history, weights(model)))
     assert runs[0][0] == runs[1][0]
     assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
-    model = build_standard_model(K, LENGTH, d_model=8, seed=1)
-    other = train_standard_model(model, tokens, steps=6, lr=1e-2, batch_size=16, seed=8)
-    assert other != runs[0][0]  # another minibatch order
+    other = train(bridge(d_model=8, seed=1), TASK, config.replace(seed=8), progress=False).history
+    assert [h["loss"] for h in other] != [h["loss"] for h in runs[0][0]]  # other data and mini-batches
 
 
 def test_bad_inputs_raise():
     """Each refusal is the library's own one-line error (TransformerLens would raise ValueErrors of its own)."""
-    with pytest.raises(RwinterpError, match=r"d_model \(10\) must be divisible by n_heads \(3\)"):
-        build_standard_model(5, 16, d_model=10, n_heads=3)
-    model = build_standard_model(K, 4, d_model=8)
-    with pytest.raises(RwinterpError, match="sequence length 5 exceeds n_ctx=4"):
-        train_standard_model(model, torch.zeros(2, 5, dtype=torch.long), steps=1)
-    with pytest.raises(RwinterpError, match=rf"token ids must lie in \[0, {K}\), got range \[{K}, {K}\]"):
-        train_standard_model(model, torch.full((2, 3), K), steps=1)
-    with pytest.raises(RwinterpError, match="does not hold config.json and model.safetensors"):
-        load_standard_model("/nonexistent/rwinterp-standard")
+    with pytest.raises(RwinterpError, match="d_model = 10 is not divisible by 3 heads: give d_head"):
+        BridgeOptions(n_states=5, n_ctx=16, d_model=10, n_heads=3)
+    with pytest.raises(RwinterpError, match="norm must be one of none, LN, got 'RMS'"):
+        BridgeOptions(norm="RMS")
+    with pytest.raises(RwinterpError, match="train it with next-token prediction"):
+        train(bridge(), TASK, TrainConfig(steps=1), progress=False)

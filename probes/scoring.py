@@ -1,8 +1,9 @@
 """One call runs every probe; comparison against random-initialised models and between runs.
 
-:func:`scorecard` runs the attention, patching and transition probes on one model and returns a
-:class:`Scorecard`: the model's accuracy beside the Bayes-optimal accuracy and every
-interpretability score, each with a bootstrap confidence interval over the test walks.
+:func:`scorecard` runs the attention, patching, transition and per-head probes on one model and
+returns a :class:`Scorecard`: the model's accuracy beside the Bayes-optimal accuracy and every
+interpretability score, each with a bootstrap confidence interval over the test walks, and each
+head's role in words (:mod:`probes.heads`).
 
 :func:`compare_to_random` puts a trained model next to random-initialised models of the same
 architecture (several seeds; mean, standard deviation and a bootstrap interval of the mean over
@@ -35,14 +36,16 @@ from typing import Any, Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from probes.ablation import head_ablation
 from probes.attention import AttentionResult, attention_probe
 from probes.config import ProbeConfig
+from probes.heads import CompositionResult, HeadResult, HeadTable, composition_scores, head_probe, head_table
 from probes.patching import PatchingResult, patching_probe
 from probes.stats import Spread, bootstrap_interval, bootstrap_weights, point_weights, wmean
 from probes.targets import Targets, evaluating, run_logits, targets_for
 from probes.transition import TransitionResult, transition_of, transition_probe
 from rwinterp.errors import require
-from rwinterp.model import predict
+from rwinterp.metrics import predict
 from rwinterp.tasks import Batch, Task
 
 #: The headline scores, in report order (flat keys; see :meth:`Scorecard.flat`).
@@ -50,8 +53,8 @@ HEADLINE = (
     "accuracy", "bayes_accuracy", "parent_attention", "parent_argmax_rate",
     "attention.uniformity", "attention.value_weighted_parent_share", "attention.gradient_parent_share",
     "patching.parent_effect", "patching.localization", "patching.necessity", "patching.sufficiency",
-    "transition.distance", "transition.cosine", "transition.argmax_agreement", "transition.r2",
-    "transition.ones_cosine",
+    "attribution_patching.parent_share", "transition.distance", "transition.cosine", "transition.argmax_agreement",
+    "transition.r2", "transition.ones_cosine",
 )
 
 #: What each headline score means, for the report.
@@ -64,6 +67,7 @@ MEANING = {
     "attention.value_weighted_parent_share": "share of attention x value norm on the parents",
     "attention.gradient_parent_share": "share of |gradient x input| on the parents",
     "patching.parent_effect": "output recovered by patching the parent alone (1 = all)",
+    "attribution_patching.parent_share": "share of the attribution-patching estimate of the effect at the parents",
     "patching.localization": "share of all patching effect that sits at the parents",
     "patching.necessity": "output lost by corrupting only the parents (1 = all)",
     "patching.sufficiency": "output kept when all but the parents is corrupted (1 = all)",
@@ -73,6 +77,21 @@ MEANING = {
     "transition.r2": "R^2 of the fit V ~ a Pi^T + b",
     "transition.ones_cosine": "cosine of V with the all-ones matrix (1 = Theorem 4.1)",
 }
+
+#: Which way each headline score moves when a model learns the task: +1 higher, -1 lower, 0 neither
+#: (``transition.ones_cosine`` is 1 at the symmetric fixed point of Theorem 4.1, a model that failed).
+LEARNED = {
+    "accuracy": 1, "bayes_accuracy": 0, "parent_attention": 1, "parent_argmax_rate": 1,
+    "attention.uniformity": -1, "attention.value_weighted_parent_share": 1, "attention.gradient_parent_share": 1,
+    "patching.parent_effect": 1, "patching.localization": 1, "patching.necessity": 1, "patching.sufficiency": 1,
+    "transition.distance": -1, "transition.cosine": 1, "transition.argmax_agreement": 1, "transition.r2": 1,
+    "transition.ones_cosine": 0,
+}
+
+
+def direction(key: str) -> str:
+    """" ↑" or " ↓": the way a score moves when a model learns the task (:data:`LEARNED`); "" for neither."""
+    return {1: " ↑", -1: " ↓"}.get(LEARNED.get(key, 0), "")
 
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
@@ -89,18 +108,13 @@ def nest(flat: dict[str, Any]) -> dict[str, Any]:
 
 def bayes_accuracy(task: Task, targets: Targets) -> float:
     """Accuracy of the Bayes-optimal predictor: the task's own for query-slot models; for
-    autoregressive models, the mean over the walks and predictions of ``max_y P(y | parents)``
-    (the Bayes predictor's expected accuracy on these walks, from ``task.conditional``)."""
+    autoregressive models, the mean over the walks and predictions of ``max_y P(y | s_1 .. s_t)``
+    (the Bayes predictor's expected accuracy on these walks, from ``task.predictive``)."""
     if targets.kind == "query":
         return float(task.bayes_accuracy())
-    slots = list(task.parent_positions())
     w = point_weights(targets.weights, targets.n_walks)
-    total = 0.0
-    for row in targets.parents:
-        window = targets.inputs.new_full(targets.inputs.shape, task.query_token)
-        window[:, slots] = targets.inputs[:, row.nonzero().flatten()]
-        total += float(wmean(w, task.conditional(window).amax(-1))[0])
-    return total / targets.n_pred
+    best = task.predictive(targets.inputs)[:, targets.source].amax(-1)  # [batch, pred]
+    return float(wmean(w, best.mean(-1))[0])
 
 
 @dataclass
@@ -120,6 +134,15 @@ class Scorecard:
     config: ProbeConfig
     sample_name: str = "walk"
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: Per-head attention scores (:mod:`probes.heads`) and the weights' composition scores (two layers or more).
+    heads: Optional[HeadResult] = None
+    composition: Optional[CompositionResult] = None
+    #: The loss increase (nats) of ablating each head, ``{"L1H0": value or (value, low, high)}``, where a causal
+    #: per-head probe has measured it: shown in :meth:`head_table`'s words and as ``ablation_loss_increase``
+    #: in :meth:`scores` (``None`` until then).
+    head_ablation: Optional[dict[str, Any]] = None
+    #: The embeddings sweep by attribution patching (on the first ``config.gradient_walks`` walks).
+    attribution: Optional[PatchingResult] = None
 
     def _summary(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         out = {"accuracy": wmean(w, self.hits.mean(-1))}
@@ -128,6 +151,12 @@ class Scorecard:
         out["parent_argmax_rate"] = att["parent_argmax_rate"]
         out.update({f"attention.{k}": v for k, v in att.items() if k not in out})
         out.update({f"patching.{k}": v for k, v in self.patching.summary(w).items()})
+        if self.heads is not None:
+            out.update({f"heads.{k}": v for k, v in self.heads.summary(w).items()})
+        if self.attribution is not None:  # (the AtP sweep covers the first walks only)
+            atp = self.attribution.summary(w[:, : self.attribution.n_walks])
+            out["attribution_patching.parent_effect"] = atp["parent_effect"]
+            out["attribution_patching.parent_share"] = atp["localization"]
         return out
 
     def flat(self) -> dict[str, float]:
@@ -140,23 +169,81 @@ class Scorecard:
             out.update({f"transition.{k}": v for k, v in self.transition.scores().items()})
         else:  # not a first-order chain: the headline keys are there, undefined
             out.update({k: math.nan for k in HEADLINE if k.startswith("transition.")})
+        if self.composition is not None:
+            out.update({f"composition.{k}": v for k, v in self.composition.flat().items()})
         return out
 
     def scores(self) -> dict[str, Any]:
-        """The flat scores nested at the first dot: ``{"patching": {"parent_effect": ...}}``."""
-        return nest(self.flat())
+        """The flat scores nested at the first dot: ``{"patching": {"parent_effect": ...}}``; per head,
+        ``{"heads": {"L0H0": {"previous_token": ..., "previous_token_interval": [lo, hi], ...,
+        "ablation_loss_increase": ...}, "chance": {...}}}`` (:meth:`probes.heads.HeadTable.to_json`) and
+        ``{"composition": {"K": {"L0H0->L1H0": ...}}}``."""
+        return nest_scores(self.flat(), self.head_table(), self.head_ablation)
+
+    def head_table(self, baselines: Sequence["Scorecard"] = ()) -> Optional[HeadTable]:
+        """Every head's scores with intervals and chance levels (against ``baselines``' heads: random models)."""
+        if self.heads is None:
+            return None
+        return head_table(self.heads, [b.heads for b in baselines if b.heads is not None], self.config)
 
     def headline(self) -> dict[str, float]:
         flat = self.flat()
         return {k: flat.get(k, math.nan) for k in HEADLINE}
 
-    def findings(self) -> list[str]:
-        """Plain sentences on what the scores say."""
-        return findings(self.flat(), self.kind)
+    def findings(self, baselines: Sequence["Scorecard"] = ()) -> list[str]:
+        """Plain sentences on what the scores say, ending with each head's role (against ``baselines``, the
+        random models' scorecards, where given)."""
+        out = findings(self.flat(), self.kind, self.intervals.get("accuracy"), exact=self.weights is not None)
+        table = self.head_table(baselines)
+        if table is not None:
+            out.append(f"Heads: {table.describe(self.head_ablation)}.")
+        return out
 
 
-def findings(s: dict[str, float], kind: str = "query") -> list[str]:
-    """Plain sentences on what a flat score dict says (thresholds are rules of thumb)."""
+def nest_scores(flat: dict[str, float], table: Optional[HeadTable] = None,
+                ablation: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """:func:`nest`, with the per-head scores by head (``table.to_json()`` where given: with intervals,
+    roles and ablation) and the composition scores by mode."""
+    out = nest({k: v for k, v in flat.items() if not k.startswith(("heads.", "composition."))})
+    heads = {k.split(".", 1)[1]: v for k, v in flat.items() if k.startswith("heads.")}
+    if table is not None:
+        out["heads"] = table.to_json(ablation)
+    elif heads:
+        out["heads"] = nest(heads)
+    composition = {k.split(".", 1)[1]: v for k, v in flat.items() if k.startswith("composition.")}
+    if composition:
+        out["composition"] = nest(composition)
+    return out
+
+
+def accuracy_finding(accuracy: float, bayes: float, interval: Optional[tuple[float, float]] = None,
+                     exact: bool = False) -> str:
+    """The accuracy beside the Bayes accuracy, and whether the gap is more than sampling error.
+
+    ``interval``: the accuracy's bootstrap interval over the test walks; ``exact``: the accuracy is
+    that of the whole population (no sampling error). A test accuracy a little above Bayes is the
+    luck of a finite test set, and is said to be so."""
+    head = f"Accuracy {accuracy:.3f}, Bayes {bayes:.3f}"
+    if exact:
+        gap = accuracy - bayes
+        where = "at the Bayes accuracy" if abs(gap) < 5e-4 else f"{abs(gap):.3f} {'above' if gap > 0 else 'below'} it"
+        return f"{head}: {where} (exact: scored on the whole population)."
+    if interval is None or not all(math.isfinite(v) for v in interval):
+        return f"{head} (no interval to judge the gap by: probe with bootstrap resamples)."
+    lo, hi = interval
+    span = f"interval [{lo:.3f}, {hi:.3f}]"
+    if lo <= bayes <= hi:
+        return f"{head}: within sampling error ({span})."
+    if hi < bayes:
+        return f"{head}: below it by more than sampling error ({span})."
+    return (f"{head}: above it by more than the {span} allows; no predictor beats Bayes on average, so this test "
+            "set happens to suit the model.")
+
+
+def findings(s: dict[str, float], kind: str = "query", accuracy_interval: Optional[tuple[float, float]] = None,
+             exact: bool = False) -> list[str]:
+    """Plain sentences on what a flat score dict says (thresholds are rules of thumb);
+    ``accuracy_interval`` and ``exact`` as for :func:`accuracy_finding`."""
     out = []
     if kind == "autoregressive":
         out.append("The model predicts the next state at every position; each prediction's parents move with it "
@@ -166,7 +253,7 @@ def findings(s: dict[str, float], kind: str = "query") -> list[str]:
         return key in s and s[key] is not None and math.isfinite(s[key])
 
     if ok("accuracy") and ok("bayes_accuracy"):
-        out.append(f"Accuracy {s['accuracy']:.3f} against the best possible {s['bayes_accuracy']:.3f}.")
+        out.append(accuracy_finding(s["accuracy"], s["bayes_accuracy"], accuracy_interval, exact))
     if ok("parent_attention") and s["parent_attention"] >= 0.5:
         where = "sits on" if s["parent_attention"] >= 0.9 else "mostly goes to"
         out.append(f"Attention {where} the parent: {s['parent_attention']:.3f} of it on average, and the parent "
@@ -228,8 +315,14 @@ def scorecard(model: Any, task: Task, data: Batch, config: ProbeConfig = ProbeCo
         hits = (predict(logits) == targets.labels).to(torch.float64)
         attention = attention_probe(model, task, data, config)
         patching = patching_probe(model, task, data, config)
+        n_atp = len(data) if data.weights is not None else min(config.gradient_walks, len(data))
+        attribution = (patching_probe(model, task, data[:n_atp], replace(config, hooks=("resid_pre",)), method="atp")
+                       if n_atp >= 2 and "resid_pre" in config.hooks else None)
         transition = (transition_probe(model, task, data, config, head=attention.head)
                       if transition_of(task) is not None else None)
+        heads = head_probe(model, task, data, config)
+        composition = composition_scores(model)
+        ablation = head_ablation(model, task, data, "mean", config)
     card = Scorecard(
         task=task.to_dict(),
         model=describe_model(model),
@@ -243,6 +336,10 @@ def scorecard(model: Any, task: Task, data: Batch, config: ProbeConfig = ProbeCo
         transition=transition,
         config=config,
         sample_name=task.sample_name,
+        heads=heads,
+        composition=composition,
+        attribution=attribution,
+        head_ablation={label: (s["ablation_loss_increase"], *s["ablation_ci"]) for label, s in ablation.scores().items()},
     )
     if config.bootstrap and data.weights is None:  # a weighted population is exact: no interval
         w = bootstrap_weights(data.weights, len(data), config.bootstrap, config.seed)
@@ -305,6 +402,14 @@ class Comparison:
 
     def baseline_means(self) -> dict[str, float]:
         return {k: s.mean for k, s in self.spreads.items()}
+
+    def head_table(self) -> Optional[HeadTable]:
+        """The trained model's heads against the random models' (difference and interval per head)."""
+        return self.trained.head_table(self.baselines)
+
+    def findings(self) -> list[str]:
+        """The trained model's findings, its heads' roles judged against the random models."""
+        return self.trained.findings(self.baselines)
 
 
 def compare_to_random(

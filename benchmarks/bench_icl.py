@@ -1,0 +1,113 @@
+"""In-context Markov chains: our training against Edelman et al.'s published code, side by side.
+
+The setting of "The Evolution of Statistical Induction Heads" (Edelman et al. 2024): K = 3 states,
+sequences of 64 tokens, each with its own transition matrix (rows Dirichlet(1)), a 2-layer
+attention-only transformer with 1 head and width 16, AdamW lr 5e-3, 64 fresh sequences per step.
+
+* the peer: their own minGPT-derived training code (relative positions, dropout 0.1, AdamW betas
+  (0.9, 0.95), weight decay 0.1), run by path through its ``run_ref.py`` (an argument or
+  ``RWINTERP_EDELMAN``, default ``../shared/peers/edelman`` beside the checkout), never copied here;
+* ours: ``rwinterp.train`` on ``InContextChain`` with the library's deep model (``DeepConfig.standard``,
+  float32, learned added positions) and with TransformerLens' own ``TransformerBridge``.
+
+Each trains in a fresh process on one thread, one after the other, the same number of steps; the
+seconds are the whole training call (model and optimizer built, every step), as the peer times its
+``train``. Reported: milliseconds per step, each of ours as a fraction of the peer's (goal: at most
+1/3), and how far each ends above the in-context bigram (Bayes) loss as a fraction of the
+unigram-to-bigram gap, each on its own fixed test sequences (goal: ours no further than the peer).
+
+Run: ``.venv/bin/python benchmarks/bench_icl.py [--steps 2000] [--seed 0] [--peer DIR]``; prints one
+JSON object (and a line per model on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+K, N, LR, BATCH = 3, 64, 5e-3, 64
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+PEER_LINE = re.compile(r"train (?P<seconds>[\d.]+)s .*test loss (?P<test_loss>[\d.]+) uniform [\d.]+ "
+                       r"unigram (?P<unigram>[\d.]+) bigram (?P<bigram>[\d.]+)")
+
+
+def ours(kind: str, steps: int, seed: int) -> dict:
+    """Train one of our models in this process (one thread); its seconds, loss and references."""
+    import torch
+
+    torch.set_num_threads(1)
+    from rwinterp.config import standard_options
+    from rwinterp.icl import InContextChain
+    from rwinterp.runs import build_model
+    from rwinterp.training import TrainConfig, make_data, train
+
+    task = InContextChain(K, N)
+    shape = {"n_states": K, "n_ctx": N, "n_layers": 2, "n_heads": 1, "seed": seed}
+    model_config = ({**shape, "d_model": 16} if kind == "bridge" else
+                    {**shape, **standard_options(16, dtype="float32")})
+    config = TrainConfig(optimizer="adamw", lr=LR, batch_size=BATCH, loss="xent", next_token=True, steps=steps,
+                         eval_every=steps, seed=seed)
+    start = time.perf_counter()
+    model = build_model(kind, model_config)
+    result = train(model, task, config, progress=False)
+    seconds = time.perf_counter() - start
+    _, test = make_data(task, config)
+    refs = task.reference_losses(test.states)
+    return {"seconds": seconds, "test_loss": result.history[-1]["test_loss"], "unigram": refs["unigram"],
+            "bigram": refs["bigram"], "model": type(model).__name__}
+
+
+def peer(path: Path, steps: int, seed: int) -> dict:
+    """Run the peer's ``run_ref.py`` in its folder on one thread and parse its result line."""
+    out = subprocess.run([sys.executable, "run_ref.py", str(K), str(N), str(steps), str(LR), str(seed)], cwd=path,
+                         env=ONE_THREAD, capture_output=True, text=True, check=True).stdout
+    match = PEER_LINE.search(out)
+    if match is None:
+        raise SystemExit(f"bench_icl: no result line in the peer's output: {out[-300:]!r}")
+    return {k: float(v) for k, v in match.groupdict().items()} | {"model": "Edelman et al. minGPT"}
+
+
+def summarise(result: dict, steps: int) -> dict:
+    result["ms_per_step"] = 1000 * result["seconds"] / steps
+    result["gap_fraction"] = (result["test_loss"] - result["bigram"]) / (result["unigram"] - result["bigram"])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--peer", type=Path, default=Path(os.environ.get(
+        "RWINTERP_EDELMAN", Path(__file__).resolve().parents[2] / "shared" / "peers" / "edelman")))
+    parser.add_argument("--models", default="deep,bridge", help="ours to time (comma-separated: deep, bridge)")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a worker: train one of ours, print JSON
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(ours(args.one, args.steps, args.seed)))
+        return
+    if not (args.peer / "run_ref.py").exists():
+        raise SystemExit(f"bench_icl: no run_ref.py in {args.peer} (give --peer DIR or RWINTERP_EDELMAN)")
+    results = {"peer": summarise(peer(args.peer, args.steps, args.seed), args.steps)}
+    print(f"peer   {results['peer']['ms_per_step']:.1f} ms/step, gap {results['peer']['gap_fraction']:.3f}",
+          file=sys.stderr)
+    for kind in args.models.split(","):
+        out = subprocess.run([sys.executable, __file__, "--one", kind, "--steps", str(args.steps),
+                              "--seed", str(args.seed)], env=ONE_THREAD, capture_output=True, text=True, check=True)
+        r = summarise(json.loads(out.stdout.strip().splitlines()[-1]), args.steps)
+        r["time_ratio_to_peer"] = r["seconds"] / results["peer"]["seconds"]
+        results[kind] = r
+        print(f"{kind:6s} {r['ms_per_step']:.1f} ms/step ({r['time_ratio_to_peer']:.2f} x the peer's), "
+              f"gap {r['gap_fraction']:.3f}", file=sys.stderr)
+    print(json.dumps({"steps": args.steps, "seed": args.seed, "machine": platform.processor() or platform.machine(),
+                      "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

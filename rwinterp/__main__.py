@@ -1,0 +1,5 @@
+"""``python -m rwinterp``: the command line."""
+
+from rwinterp.cli import main
+
+raise SystemExit(main())
