@@ -15,7 +15,7 @@ Models (trained here, cached under ``--cache``; see ``benchmarks/attribution_mod
 For each method against exact patching: Spearman correlation over the cells, top-5 and top-10 overlap by
 magnitude, faithfulness of the method's top quarter of the cells (the metric with every other cell or edge
 ablated, as a fraction from all ablated = 0 to none = 1), and the cost in passes and seconds. The default
-circuit method is checked against the issue's criteria (top edge, top three among the exact top five,
+circuit method is checked against its goals (top edge, top three among the exact top five,
 faithfulness curve within 0.1 of the exact ranking's) on the whole graph and on the edges between heads.
 
 Run: ``.venv/bin/python benchmarks/bench_attribution.py [--seeds 0 1 2] [--walks 128] [--json results.json]``;
@@ -263,7 +263,7 @@ def main() -> None:
         speed = exact_nodes.cost.seconds / atp.cost.seconds
         previous = [name for name, role in roles.items() if role.startswith("previous-token")]
         sums = {}
-        for name in previous:  # the head's single-position effects summed, as the prototype reports them
+        for name in previous:  # the head's single-position effects summed, as a sum over positions
             layer, head = (int(x) for x in name[1:].split("H"))
             sums[name] = {method: float(r.effects()[layer, head].sum()) for method, r in
                           [("exact", exact_nodes)] + list(node_results.items())}

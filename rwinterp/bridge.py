@@ -33,6 +33,8 @@ Hook names (``L`` = layer): ``hook_embed``, ``hook_pos_embed``, ``blocks.L.hook_
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 from typing import Any
 
@@ -62,7 +64,8 @@ def build_bridge(options: BridgeOptions | dict[str, Any], device: str | torch.de
         act_fn="gelu", normalization_type=None if options.norm == "none" else options.norm,
         positional_embedding_type="standard", attention_dir="causal", init_mode="gpt2", seed=options.seed,
         use_attn_scale=True, final_rms=False, gated_mlp=False, init_weights=True, dtype=dtype, device=str(device))
-    model = TransformerBridge.boot_native(cfg, device=device, dtype=dtype)
+    with contextlib.redirect_stdout(io.StringIO()):  # boot_native prints "Moving model to device"
+        model = TransformerBridge.boot_native(cfg, device=device, dtype=dtype)
     model.rwinterp_options = options
     model.eval()
     return model

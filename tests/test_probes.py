@@ -30,7 +30,7 @@ def comparisons(trained_paper_models):
     return out
 
 
-#: The issue's thresholds for a trained model: (score, direction, bound).
+#: The thresholds a trained model must meet: (score, direction, bound).
 TRAINED = [
     ("parent_attention", ">", 0.99),
     ("patching.parent_effect", ">", 0.95),
