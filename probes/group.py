@@ -88,6 +88,8 @@ class GroupScores:
     baselines: Optional[list[Comparison]] = None
     baseline_seeds: Optional[list[list[int]]] = None
     random_values: Optional[list[list[dict[str, float]]]] = field(default=None, repr=False)
+    #: The task in words (``Task.describe()``).
+    description: str = ""
 
     @property
     def n_runs(self) -> int:
@@ -186,7 +188,7 @@ def score_group(
         sources=sources, seeds=[getattr(m.cfg, "seed", None) for m in models], task=first.task, model=first.model,
         kind=first.kind, sample_name=first.sample_name, n_walks=[c.n_walks for c in cards], config=first.config,
         cards=cards, scores=scores, resamples=resamples, baselines=comparisons or None, baseline_seeds=seed_lists,
-        random_values=random_values or None)
+        random_values=random_values or None, description=tasks[0].describe())
 
 
 def _mean(values: Sequence[float]) -> float:
