@@ -158,14 +158,16 @@ def _runs(paths: Sequence[str]) -> list[str]:
 
     out: list[str] = []
     for path in paths:
+        require(str(path) != "", "not a run directory: the name is empty")
         if is_group(path):
             index = read_group(path)
             finished = [str(Path(path) / entry["run"]) for entry in index["runs"] if entry["run"] is not None]
             require(finished, f"the group {path} holds no finished run")
             out += finished
         else:
-            require((Path(path) / CONFIG_FILE).is_file(),
-                    f"{path} is neither a run directory (no {CONFIG_FILE}) nor a group of runs (no {GROUP_FILE})")
+            require(Path(path).is_dir(), f"not a run directory: {path} does not exist or is not a directory")
+            require((Path(path) / CONFIG_FILE).is_file(), f"not a run directory nor a group of runs: {path} holds "
+                                                          f"neither {CONFIG_FILE} nor {GROUP_FILE}")
             out.append(str(path))
     seen: dict[Path, str] = {}
     for run in out:
