@@ -228,7 +228,7 @@ def _print_group_header(group: Any, name: str, letter: str = "group") -> None:
     seeds = [str(s) for s in group.seeds if s is not None]
     walks = sorted(set(group.n_walks))
     print(f"{letter:11s} {name}: {group.n_runs} run{'s' if group.n_runs > 1 else ''}"
-          + (f" (seeds {', '.join(seeds)})" if seeds else "")
+          + (f" (seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)})" if seeds else "")
           + f", {group.description}, {'/'.join(map(str, walks))} test {group.sample_name}s each")
     if group.n_runs < 2:
         print(f"{'':11s} intervals undefined: one run (an interval over runs needs two or more)")

@@ -329,7 +329,7 @@ def _group_header(group: Any, source: str) -> list[str]:
     runs = ", ".join(f"`{s}`" + (f" (seed {seed})" if seed is not None else "")
                      for s, seed in zip(group.sources, group.seeds))
     walks = sorted(set(group.n_walks))
-    lines = [f"- group: `{source}`", f"- runs ({group.n_runs}): {runs}", f"- task: {group.task}",
+    lines = [f"- group: `{source}`", f"- runs ({group.n_runs}): {runs}", f"- task: {group.description or group.task}",
              f"- model: {group.model}",
              f"- {group.sample_name}s probed per run: {', '.join(map(str, walks))} (each run on its own test "
              f"{group.sample_name}s)"]
@@ -385,7 +385,8 @@ def write_group_report(out: Path, group: Any, source: str) -> Path:
                                  + (" against random-initialised models" if random else ""))
         payload = {"source": source, **group.to_json(), "probe_config": group.config.to_dict()}
         means = {k: s.trained.mean for k, s in group.scores.items()}
-        payload["findings"] = findings(means, group.kind)
+        accuracy = group.scores["accuracy"].trained.interval if "accuracy" in group.scores else None
+        payload["findings"] = findings(means, group.kind, accuracy)
         (tmp / SCORES_FILE).write_text(json.dumps(jsonable(payload), indent=1))
         lines = ["# Probe report: a group of runs", ""] + _group_header(group, source)
         lines += ["## What the probes find (read from the means over runs)", ""]

@@ -191,7 +191,7 @@ def test_one_run_has_an_undefined_interval(tmp_path, capsys):
     capsys.readouterr()
     assert main(["probe", str(tmp_path / "one"), "--out", str(tmp_path / "r"), *FAST]) == 0
     text = capsys.readouterr().out
-    assert "1 run (seeds 7)" in text and "intervals undefined: one run" in text and "[undefined]" in text
+    assert "1 run (seed 7)" in text and "intervals undefined: one run" in text and "[undefined]" in text
     saved = json.loads((tmp_path / "r" / "scores.json").read_text())
     assert saved["n_runs"] == 1 and saved["scores"]["accuracy"]["interval"] == [None, None]
     assert saved["scores"]["accuracy"]["mean"] == saved["scores"]["accuracy"]["values"][0]
