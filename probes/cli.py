@@ -1,5 +1,9 @@
 """``rwinterp probe RUN_DIR --out REPORT_DIR`` and ``rwinterp compare RUN_A RUN_B --out DIR``.
 
+Either also takes a group of runs (``rwinterp train --seeds ... --out G``; ``probe`` also several run
+directories): each score is then the mean over the runs with a 95% interval over them, and with
+``--baseline random`` the paired difference trained - random (:mod:`probes.group`).
+
 Heavy imports (TransformerLens, plotting) happen inside the handlers.
 """
 
@@ -163,6 +167,10 @@ def _runs(paths: Sequence[str]) -> list[str]:
             index = read_group(path)
             finished = [str(Path(path) / entry["run"]) for entry in index["runs"] if entry["run"] is not None]
             require(finished, f"the group {path} holds no finished run")
+            for entry in index["runs"]:
+                if entry["run"] is None:
+                    sys.stderr.write(f"rwinterp: seed {entry['seed']} of {path} did not finish training "
+                                     f"({entry.get('error')}); it is left out\n")
             out += finished
         else:
             require(Path(path).is_dir(), f"not a run directory: {path} does not exist or is not a directory")

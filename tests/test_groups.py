@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -248,3 +249,17 @@ def test_bad_groups_are_refused_in_one_line(root, tmp_path, capsys):
     err = refused(capsys, ["compare", g, tmp_path / "junk", "--out", tmp_path / "x"])
     assert "not a run directory nor a group of runs" in err
     assert not (tmp_path / "x").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_seed_that_did_not_finish_is_left_out_and_said_so(root, tmp_path, capsys):
+    group = tmp_path / "g"
+    shutil.copytree(root / "early", group)
+    index = json.loads((group / "group.json").read_text())
+    shutil.rmtree(group / "seed-4")
+    index["runs"][1] = {"seed": 4, "run": None, "error": "the loss diverged at step 2"}
+    (group / "group.json").write_text(json.dumps(index))
+    capsys.readouterr()
+    assert main(["probe", str(group), "--out", str(tmp_path / "r"), "--json", *FAST]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["seeds"] == [3] and json.loads(out)["runs"] == [str(group / "seed-3")]
+    assert err == f"rwinterp: seed 4 of {group} did not finish training (the loss diverged at step 2); it is left out\n"
