@@ -32,7 +32,7 @@ from probes.config import ProbeConfig
 from probes.heads import SCORES
 from probes.scoring import HEADLINE, Comparison, Scorecard, compare_to_random, nest_scores, scorecard
 from probes.stats import RUN_RESAMPLES, Estimate
-from rwinterp.errors import require
+from rwinterp.errors import RwinterpError, require
 from rwinterp.runs import first_difference, model_config, model_kind_of
 from rwinterp.tasks import Batch
 
@@ -129,8 +129,10 @@ def check_comparable(models: Sequence[Any], tasks: Sequence[Any], names: Sequenc
     first = setting(models[0], tasks[0])
     for model, task, name in zip(models[1:], tasks[1:], names[1:]):
         found = first_difference(first, setting(model, task))
-        require(found is None, f"the runs are not comparable: {found[0]} is {found[2]!r} in {name} but "
-                               f"{found[1]!r} in {names[0]}" if found else "")
+        if found is not None:
+            key, theirs, this = found
+            raise RwinterpError(f"the runs are not comparable: {key} is {this!r} in {name} but {theirs!r} in "
+                                f"{names[0]}")
 
 
 def group_baseline_seeds(models: Sequence[Any], n: int, start: int = 1000) -> list[list[int]]:
@@ -181,7 +183,7 @@ def score_group(
         if seed_lists is None:
             scores[key] = GroupScore(trained)
             continue
-        random = Estimate.of([_mean([r.get(key, math.nan) for r in models_]) for models_ in random_values], **est)
+        random = Estimate.of([_mean([r.get(key, math.nan) for r in run]) for run in random_values], **est)
         scores[key] = GroupScore(trained, random, Estimate.paired(trained, random, **est))
     first = cards[0]
     return GroupScores(

@@ -237,6 +237,9 @@ def test_bad_groups_are_refused_in_one_line(root, tmp_path, capsys):
     g = root / "g"
     err = refused(capsys, ["probe", g / "seed-0", root / "other", "--out", tmp_path / "x", *FAST])
     assert "the runs are not comparable: task.p is 0.7 in" in err
+    assert main(["train", *SMALL, "--M", "12", "--steps", "2", "--out", str(tmp_path / "m12")]) == 0
+    err = refused(capsys, ["probe", g, tmp_path / "m12", "--out", tmp_path / "x", *FAST])
+    assert f"the runs are not comparable: model.d_model is 17 in {tmp_path / 'm12'} but 21 in" in err
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "notes.txt").write_text("x")
     err = refused(capsys, ["probe", tmp_path / "junk", "--out", tmp_path / "x"])
