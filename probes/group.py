@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from probes.config import ProbeConfig
 from probes.heads import SCORES
 from probes.scoring import HEADLINE, Comparison, Scorecard, compare_to_random, nest_scores, scorecard
-from probes.stats import RUN_RESAMPLES, Estimate
+from probes.stats import RUN_RESAMPLES, Estimate, finite_mean
 from rwinterp.errors import RwinterpError, require
 from rwinterp.runs import first_difference, model_config, model_kind_of
 from rwinterp.tasks import Batch
@@ -183,7 +183,7 @@ def score_group(
         if seed_lists is None:
             scores[key] = GroupScore(trained)
             continue
-        random = Estimate.of([_mean([r.get(key, math.nan) for r in run]) for run in random_values], **est)
+        random = Estimate.of([finite_mean([r.get(key, math.nan) for r in run]) for run in random_values], **est)
         scores[key] = GroupScore(trained, random, Estimate.paired(trained, random, **est))
     first = cards[0]
     return GroupScores(
@@ -191,12 +191,6 @@ def score_group(
         kind=first.kind, sample_name=first.sample_name, n_walks=[c.n_walks for c in cards], config=first.config,
         cards=cards, scores=scores, resamples=resamples, baselines=comparisons or None, baseline_seeds=seed_lists,
         random_values=random_values or None, description=tasks[0].describe())
-
-
-def _mean(values: Sequence[float]) -> float:
-    """The mean of the defined values (NaN if none), summed as :meth:`Estimate.of` sums."""
-    finite = [v for v in values if math.isfinite(v)]
-    return math.fsum(finite) / len(finite) if finite else math.nan
 
 
 @dataclass

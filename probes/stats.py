@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Optional, Sequence
 
 import torch
 from jaxtyping import Float
@@ -158,9 +159,7 @@ class Estimate:
         """The mean of the defined values (``math.fsum`` over their count) and its interval over runs."""
         values = [math.nan if v is None else float(v) for v in values]
         finite = [v for v in values if math.isfinite(v)]
-        if not finite:
-            return cls(values, math.nan, (math.nan, math.nan))
-        mean = math.fsum(finite) / len(finite)
+        mean = finite_mean(finite)
         if len(finite) < 2:
             return cls(values, mean, (math.nan, math.nan))
         lo, hi = bootstrap_ci(torch.tensor(finite, dtype=torch.float64), confidence=confidence,
@@ -196,6 +195,12 @@ class Estimate:
 
     def to_dict(self) -> dict:
         return {"values": self.values, "mean": self.mean, "interval": list(self.interval)}
+
+
+def finite_mean(values: Sequence[Optional[float]]) -> float:
+    """The mean of the defined (finite) values, ``math.fsum`` over their count; NaN if there are none."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    return math.fsum(finite) / len(finite) if finite else math.nan
 
 
 def _resampled_means(values: list[float], resamples: int, generator: torch.Generator) -> Float[Tensor, " resamples"]:
