@@ -21,9 +21,10 @@ module                     what it answers
 :mod:`probes.heads`        each head's role: previous-token, induction, self and parent scores,
                            composition between heads, scores over training
 :mod:`probes.scoring`      all of them at once (``scorecard``); trained against random models
+:mod:`probes.group`        a group of runs (seeds): each score's mean and interval over the runs
 :mod:`probes.plots`        seaborn figures, each with a caption
 :mod:`probes.report`       ``scores.json``, ``report.md`` and figures in a directory
-:mod:`probes.cli`          ``rwinterp probe`` and ``rwinterp compare``
+:mod:`probes.cli`          ``rwinterp probe`` and ``rwinterp compare`` (of runs or groups of runs)
 =========================  ==================================================================
 
 Quick use::
@@ -69,6 +70,13 @@ _EXPORTS = {
     "random_like": "probes.scoring",
     "write_probe_report": "probes.report",
     "write_compare_report": "probes.report",
+    "score_group": "probes.group",
+    "compare_groups": "probes.group",
+    "GroupScores": "probes.group",
+    "GroupComparison": "probes.group",
+    "Estimate": "probes.stats",
+    "write_group_report": "probes.report",
+    "write_group_compare_report": "probes.report",
     "sweep": "probes.patching",
     "Sweep": "probes.patching",
     "head_ablation": "probes.ablation",

@@ -1,5 +1,9 @@
 """``rwinterp probe RUN_DIR --out REPORT_DIR`` and ``rwinterp compare RUN_A RUN_B --out DIR``.
 
+Either also takes a group of runs (``rwinterp train --seeds ... --out G``; ``probe`` also several run
+directories): each score is then the mean over the runs with a 95% interval over them, and with
+``--baseline random`` the paired difference trained - random (:mod:`probes.group`).
+
 Heavy imports (TransformerLens, plotting) happen inside the handlers.
 """
 
@@ -32,12 +36,16 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _configure_probe(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", metavar="RUN_DIR", help="a run directory written by `rwinterp train --out`")
+    parser.add_argument("run", metavar="RUN_DIR", nargs="+",
+                        help="a run directory written by `rwinterp train --out`; or a group of runs (the directory "
+                             "`rwinterp train --seeds ... --out` writes), or several run directories of one task and "
+                             "architecture: then each score is the mean over the runs with a 95%% bootstrap interval "
+                             "over them")
     parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="write the report here")
     parser.add_argument("--baseline", choices=["random"], default=None,
                         help="compare with random-initialised models of the same architecture")
     parser.add_argument("--baseline-models", type=int, default=None,
-                        help="with --baseline: how many random models it holds (default 5)")
+                        help="with --baseline: how many random models it holds (default 5; for a group, per run)")
     parser.add_argument("--seeds", default=None, help=argparse.SUPPRESS)  # the old name: refused, naming the new
     parser.add_argument("--over-training", action="store_true",
                         help="also score every checkpoint of the run (train --checkpoint-every): the test loss and "
@@ -91,6 +99,10 @@ def _probe(args: argparse.Namespace) -> int:
     require(args.baseline_models is None or args.baseline is not None, "--baseline-models needs --baseline random")
     seeds = 5 if args.baseline_models is None else args.baseline_models
     require(1 <= seeds <= MAX_SEEDS, f"--baseline-models must be in [1, {MAX_SEEDS}], got {seeds}")
+    runs = _runs(args.run)
+    if len(runs) > 1 or _is_group(args.run[0]):
+        return _probe_group(args, runs, seeds if args.baseline == "random" else 0)
+    args.run = runs[0]
     _check_out(args.out, [args.run])
     config = _config(args)
     from probes.report import summary_json, write_probe_report
@@ -143,6 +155,108 @@ def _probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _runs(paths: Sequence[str]) -> list[str]:
+    """The run directories that ``paths`` name: a run directory itself, a group's finished runs (``seed-S``).
+    A path that is neither, or a run named twice, is refused."""
+    from rwinterp.runs import CONFIG_FILE, GROUP_FILE, is_group, read_group
+
+    out: list[str] = []
+    for path in paths:
+        require(str(path) != "", "not a run directory: the name is empty")
+        if is_group(path):
+            index = read_group(path)
+            finished = [str(Path(path) / entry["run"]) for entry in index["runs"] if entry["run"] is not None]
+            require(finished, f"the group {path} holds no finished run")
+            for entry in index["runs"]:
+                if entry["run"] is None:
+                    sys.stderr.write(f"rwinterp: seed {entry['seed']} of {path} did not finish training "
+                                     f"({entry.get('error')}); it is left out\n")
+            out += finished
+        else:
+            require(Path(path).is_dir(), f"not a run directory: {path} does not exist or is not a directory")
+            require((Path(path) / CONFIG_FILE).is_file(), f"not a run directory nor a group of runs: {path} holds "
+                                                          f"neither {CONFIG_FILE} nor {GROUP_FILE}")
+            out.append(str(path))
+    seen: dict[Path, str] = {}
+    for run in out:
+        where = Path(run).resolve()
+        if where in seen:
+            also = "" if seen[where] == run else f" (also as {seen[where]})"
+            raise RwinterpError(f"the run {run} is named twice{also}")
+        seen[where] = run
+    return out
+
+
+def _is_group(path: str) -> bool:
+    from rwinterp.runs import is_group
+
+    return is_group(path)
+
+
+def _score_group(args: argparse.Namespace, runs: list[str], config: Any, baseline_models: int = 0) -> Any:
+    """Load every run (refusing what its test data cannot honour) and score them as a group."""
+    from probes.group import score_group
+
+    loaded = [_load(path, args) for path in runs]
+    return score_group([run.model for run, _ in loaded], [run.task for run, _ in loaded],
+                       [data for _, data in loaded], config, baseline_models, sources=runs)
+
+
+def _group_name(paths: Sequence[str]) -> str:
+    return paths[0] if len(paths) == 1 else f"{len(paths)} run directories"
+
+
+def _probe_group(args: argparse.Namespace, runs: list[str], baseline_models: int) -> int:
+    """``rwinterp probe GROUP`` (or several runs): each score's mean over the runs with its interval."""
+    require(not args.over_training, "--over-training scores the checkpoints of one run; give one run directory")
+    _check_out(args.out, [*args.run, *runs])
+    config = _config(args)
+    from probes.report import write_group_report
+
+    group = _score_group(args, runs, config, baseline_models)
+    out = write_group_report(args.out, group, _group_name(args.run))
+    if args.json:
+        print_json({**group.to_json(), "report": str(out)})
+        return 0
+    _print_group_header(group, _group_name(args.run))
+    random = group.baseline_seeds is not None
+    columns = ["mean [95% interval]"] + (["random [95% interval]", "trained - random [95% interval]"]
+                                         if random else [])
+    print(f"{'score':40s} " + " ".join(f"{c:30s}" for c in columns))
+    for key in group.keys():
+        s = group.scores[key]
+        cells = [s.trained] + ([s.random, s.difference] if random else [])
+        print(f"{_label(key):40s} " + " ".join(f"{_estimate(e):30s}" for e in cells).rstrip())
+    print(f"report      {out / 'report.md'}")
+    sys.stdout.flush()
+    return 0
+
+
+def _print_group_header(group: Any, name: str, letter: str = "group") -> None:
+    seeds = [str(s) for s in group.seeds if s is not None]
+    walks = sorted(set(group.n_walks))
+    print(f"{letter:11s} {name}: {group.n_runs} run{'s' if group.n_runs > 1 else ''}"
+          + (f" (seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)})" if seeds else "")
+          + f", {group.description}, {'/'.join(map(str, walks))} test {group.sample_name}s each")
+    if group.n_runs < 2:
+        print(f"{'':11s} intervals undefined: one run (an interval over runs needs two or more)")
+    if group.baseline_seeds is not None:
+        print(f"{'':11s} random baseline: {len(group.baseline_seeds[0])} random-initialised models per run")
+
+
+def _label(key: str) -> str:
+    from probes.group import score_label
+    from probes.scoring import direction
+
+    return score_label(key) + direction(key)
+
+
+def _estimate(e: Any) -> str:
+    lo, hi = e.interval
+    interval = f"[{lo:.4f}, {hi:.4f}]" if lo == lo else "[undefined]"
+    return f"{_number(e.mean).strip()} {interval}"
+
+
 def _over_training(run: Any, checkpoints: list, data: Any, config: Any) -> Any:
     """The head scores and test loss at every checkpoint of ``run`` and at its end."""
     from probes.heads import heads_over_training
@@ -159,8 +273,10 @@ def _number(value: float | None) -> str:
 
 
 def _configure_compare(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_a", metavar="RUN_A", help="first run directory")
-    parser.add_argument("run_b", metavar="RUN_B", help="second run directory")
+    parser.add_argument("run_a", metavar="RUN_A", help="first run directory, or group of runs (`train --seeds`)")
+    parser.add_argument("run_b", metavar="RUN_B", help="second run directory, or group of runs: with a group, each "
+                                                       "score is the mean over its runs, with a 95%% interval, and "
+                                                       "B - A the difference of the means")
     parser.add_argument("--out", required=True, metavar="DIR", help="write the comparison report here")
     _probe_arguments(parser)
 
@@ -168,6 +284,9 @@ def _configure_compare(parser: argparse.ArgumentParser) -> None:
 def _compare(args: argparse.Namespace) -> int:
     require(Path(args.run_a).resolve() != Path(args.run_b).resolve(),
             f"RUN_A and RUN_B are the same run ({args.run_a}): every difference would be zero")
+    runs_a, runs_b = _runs([args.run_a]), _runs([args.run_b])
+    if _is_group(args.run_a) or _is_group(args.run_b):
+        return _compare_groups(args, runs_a, runs_b)
     _check_out(args.out, [args.run_a, args.run_b])
     config = _config(args)
     from probes.report import write_compare_report
@@ -196,9 +315,36 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
-PROBE = Command("probe", "probe a trained run: attention, activation patching, V against Pi, with a report",
+def _compare_groups(args: argparse.Namespace, runs_a: list[str], runs_b: list[str]) -> int:
+    """``rwinterp compare GROUP_A GROUP_B``: per score each group's mean with its interval, and B - A."""
+    both = {Path(r).resolve() for r in runs_a} & {Path(r).resolve() for r in runs_b}
+    require(not both, f"the groups share runs ({', '.join(sorted(p.name for p in both)[:3])}): compare disjoint groups")
+    _check_out(args.out, [args.run_a, args.run_b, *runs_a, *runs_b])
+    config = _config(args)
+    from probes.group import compare_groups
+    from probes.report import write_group_compare_report
+
+    result = compare_groups(_score_group(args, runs_a, config), _score_group(args, runs_b, config))
+    out = write_group_compare_report(args.out, result, (str(args.run_a), str(args.run_b)))
+    if args.json:
+        print_json({**result.to_json(), "report": str(out)})
+        return 0
+    _print_group_header(result.a, args.run_a, "A")
+    _print_group_header(result.b, args.run_b, "B")
+    if result.a.task != result.b.task:
+        print("            (the groups' tasks differ: each run is scored on its own task's test data)")
+    print(f"{'score':40s} {'A mean [95% interval]':30s} {'B mean [95% interval]':30s} B - A [95% interval]")
+    for key in result.keys():
+        print(f"{_label(key):40s} {_estimate(result.a.scores[key].trained):30s} "
+              f"{_estimate(result.b.scores[key].trained):30s} {_estimate(result.difference[key])}")
+    print(f"report      {out / 'report.md'}")
+    return 0
+
+
+PROBE = Command("probe", "probe a trained run (or a group of runs: means over seeds with intervals): attention, "
+                         "activation patching, V against Pi, with a report",
                 _configure_probe, _probe)
-COMPARE = Command("compare", "compare the probe scores of two runs side by side", _configure_compare, _compare)
+COMPARE = Command("compare", "compare the probe scores of two runs, or of two groups of runs, side by side", _configure_compare, _compare)
 
 
 #: What a circuit directory holds (its marker first).

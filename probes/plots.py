@@ -473,3 +473,56 @@ def plot_faithfulness(result: Any, path: Path, reference: Any = None) -> str:
     return ("Faithfulness of the top-k edges: the metric with every other edge ablated, as a fraction of the way from "
             "the model with every edge ablated (0) to the full model (1). A ranking that puts the edges that matter "
             "first climbs to 1 with few edges.")
+
+
+# ------------------------------------------------------------------------------ scores across runs
+def plot_across_runs(
+    keys: Sequence[str],
+    series: Sequence[tuple[str, str, Mapping[str, tuple[Sequence[float], float, tuple[float, float]]]]],
+    path: Path,
+    title: str,
+    labels: Optional[Mapping[str, str]] = None,
+    unit: str = "score",
+) -> str:
+    """Each score of ``keys`` (a row, labelled ``labels[key]`` or the key, with its :func:`direction`) across runs:
+    per series ``(name, dot, {key: (values, mean, (low, high))})`` every run's value (``dot``: what one dot is,
+    e.g. "one run") as a dot, the mean as a diamond
+    and its interval over runs as a line through it; the series side by side in their own colours. Returns the
+    caption."""
+    labels = labels or {}
+    palette = sns.color_palette("deep")
+    colors = [palette[0], palette[3], palette[2], palette[1]]
+    step = 0.8 / max(1, len(series))
+    with _figure(figsize=(9, 0.5 * len(keys) * max(1, len(series)) ** 0.5 + 2.0)) as (fig, ax):
+        for j, (name, dot, data) in enumerate(series):
+            color = colors[j % len(colors)]
+            offset = (j - (len(series) - 1) / 2) * step
+            for i, key in enumerate(keys):
+                if key not in data:
+                    continue
+                values, mean, (lo, hi) = data[key]
+                vals = np.array([np.nan if v is None else v for v in values], dtype=float)
+                jitter = np.linspace(-step / 4, step / 4, len(vals)) if len(vals) > 1 else np.zeros(len(vals))
+                ax.plot(vals, i + offset + jitter, "o", color=color, alpha=0.55, ms=4.5, mec="none",
+                        label=f"{name}: {dot} per dot" if i == 0 else "_nolegend_")
+                if finite(lo) and finite(hi):
+                    ax.plot([lo, hi], [i + offset] * 2, color=color, lw=2.6, solid_capstyle="butt",
+                            label=f"{name}: mean and its 95% interval" if i == 0 else "_nolegend_")
+                if finite(mean):
+                    ax.plot([mean], [i + offset], "D", color=color, mec="black", mew=0.8, ms=7, zorder=4,
+                            label="_nolegend_")
+                if not np.isfinite(vals).any():
+                    ax.text(0, i + offset, " n/a", va="center", ha="left", fontsize=7, color="0.3")
+        ax.set_yticks(np.arange(len(keys)), [labels.get(k, k) + direction(k) for k in keys])
+        ax.set_ylim(len(keys) - 0.5, -0.5)
+        ax.set_title(title)
+        ax.set_xlabel(f"{unit}   (↑ higher, ↓ lower for a model that learned the task)")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.5 / (0.5 * len(keys) + 2.0) - 0.06), fontsize=8,
+                  ncol=2, frameon=False)
+        _save(fig, path)
+    dots = "; ".join(f"{name}: {dot}" for name, dot, _ in series)
+    return (f"Each dot is one value of the score ({dots}); the diamond is the mean over runs and the line "
+            "through it the 95% bootstrap interval of that mean (resampling runs: how far the mean could move with "
+            "other seeds; no line where fewer than two runs define the score). The arrow after a score's name says "
+            "which way learning the task moves it. A difference between series is clear when the dots separate, "
+            "not only the diamonds.")

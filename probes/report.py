@@ -299,3 +299,145 @@ def write_compare_report(out: Path, comparison: RunComparison, sources: tuple[st
         (tmp / REPORT_FILE).write_text("\n".join(lines))
 
     return atomic_directory(out, build)
+
+
+# ------------------------------------------------------------------------------ groups of runs
+#: Titles of the figures of a group's score families (:func:`probes.group.families`).
+FAMILY_TITLES = {"overview": "Accuracy and attention on the parents", "attention": "Attention scores",
+                 "patching": "Activation and attribution patching", "transition": "The value map against Pi",
+                 "heads": "Each head's attention scores", "ablation": "Each head's ablation loss increase"}
+
+
+def estimate_text(e: Any, digits: int = 3) -> str:
+    """``mean [low, high]`` of a :class:`probes.stats.Estimate`; ``[undefined]`` where it has no interval."""
+    lo, hi = e.interval
+    return f"{_fmt(e.mean, digits)} " + (f"[{_fmt(lo, digits)}, {_fmt(hi, digits)}]" if math.isfinite(lo)
+                                         else "[undefined]")
+
+
+def _meaning(key: str) -> str:
+    from probes.group import ABLATION
+
+    if key.startswith("heads."):
+        name = key.rsplit(".", 1)[1]
+        return ("loss increase (nats) of mean-ablating the head" if name == ABLATION
+                else f"attention on the {ROLE_NAMES.get(name, name)} position(s)")
+    return MEANING.get(key, "")
+
+
+def _group_header(group: Any, source: str) -> list[str]:
+    runs = ", ".join(f"`{s}`" + (f" (seed {seed})" if seed is not None else "")
+                     for s, seed in zip(group.sources, group.seeds))
+    walks = sorted(set(group.n_walks))
+    lines = [f"- group: `{source}`", f"- runs ({group.n_runs}): {runs}", f"- task: {group.description or group.task}",
+             f"- model: {group.model}",
+             f"- {group.sample_name}s probed per run: {', '.join(map(str, walks))} (each run on its own test "
+             f"{group.sample_name}s)"]
+    if group.n_runs >= 2:
+        lines.append(f"- intervals: {100 * group.config.confidence:.0f}% bootstrap over the runs "
+                     f"({group.resamples} resamples of the {group.n_runs} runs): where the mean would move with "
+                     "other seeds")
+    else:
+        lines.append("- intervals: undefined (one run: an interval over runs needs two or more)")
+    if group.baseline_seeds is not None:
+        lines.append(f"- random baseline: {len(group.baseline_seeds[0])} random-initialised models per run (seeds "
+                     "no other run uses), on that run's test walks; a run's random value is their mean, and "
+                     "trained - random is paired run by run")
+    return lines + [""]
+
+
+def _group_figures(keys: list[str], series: list[tuple[str, dict]], tmp: Path, what: str) -> list[tuple[str, str, str]]:
+    from probes.group import families, score_label
+    from probes.plots import plot_across_runs
+
+    figures = []
+    for family, members in families(keys).items():
+        name = f"runs_{family}.png"
+        title = f"{FAMILY_TITLES.get(family, family)}: {what}"
+        caption = plot_across_runs(members, series, tmp / name, title, {k: score_label(k) for k in members},
+                                   unit="nats" if family == "ablation" else "score")
+        figures.append((name, FAMILY_TITLES.get(family, family), caption))
+    return figures
+
+
+def group_series(group: Any, keys: list[str]) -> dict:
+    """``{key: (values, mean, interval)}`` of a group's trained runs, for :func:`probes.plots.plot_across_runs`."""
+    return {k: (group.scores[k].trained.values, group.scores[k].trained.mean, group.scores[k].trained.interval)
+            for k in keys}
+
+
+def write_group_report(out: Path, group: Any, source: str) -> Path:
+    """Write ``scores.json``, ``report.md`` and a figure per score family of a group of runs
+    (:class:`probes.group.GroupScores`)."""
+    from probes.group import score_label
+    from probes.scoring import findings
+
+    def build(tmp: Path) -> None:
+        keys = group.keys()
+        series = [(f"trained ({group.n_runs} runs)", "one run", group_series(group, keys))]
+        random = group.baseline_seeds is not None
+        if random:
+            per_model = {k: [v.get(k, math.nan) for models in group.random_values for v in models] for k in keys}
+            series.append((f"random init ({len(group.baseline_seeds[0])} models per run)", "one random model",
+                           {k: (per_model[k], group.scores[k].random.mean, group.scores[k].random.interval)
+                            for k in keys if k != "bayes_accuracy"}))
+        figures = _group_figures(keys, series, tmp, f"{group.n_runs} runs"
+                                 + (" against random-initialised models" if random else ""))
+        payload = {"source": source, **group.to_json(), "probe_config": group.config.to_dict()}
+        means = {k: s.trained.mean for k, s in group.scores.items()}
+        accuracy = group.scores["accuracy"].trained.interval if "accuracy" in group.scores else None
+        payload["findings"] = findings(means, group.kind, accuracy)
+        (tmp / SCORES_FILE).write_text(json.dumps(jsonable(payload), indent=1))
+        lines = ["# Probe report: a group of runs", ""] + _group_header(group, source)
+        lines += ["## What the probes find (read from the means over runs)", ""]
+        lines += [f"- {s}" for s in payload["findings"]] + ["", "## Scores", ""]
+        head = "| score | meaning | mean [interval] | per run |"
+        rule = "|---|---|---|---|"
+        if random:
+            head += " random init [interval] | trained - random [interval] |"
+            rule += "---|---|"
+        lines += [head, rule]
+        for key in keys:
+            s = group.scores[key]
+            row = (f"| `{score_label(key)}`{direction(key)} | {_meaning(key)} | {estimate_text(s.trained)} | "
+                   f"{', '.join(_fmt(v) for v in s.trained.values)} |")
+            if random:
+                row += f" {estimate_text(s.random)} | {estimate_text(s.difference)} |"
+            lines.append(row)
+        lines += ["", ARROWS, "Every score of every run (each hook's and head's) is in `scores.json`, with its "
+                  "per-run values.", "", "## Figures", ""] + _figure_markdown(figures)
+        (tmp / REPORT_FILE).write_text("\n".join(lines))
+
+    return atomic_directory(out, build)
+
+
+def write_group_compare_report(out: Path, comparison: Any, sources: tuple[str, str]) -> Path:
+    """Write ``scores.json``, ``report.md`` and a figure per score family comparing two groups of runs
+    (:class:`probes.group.GroupComparison`)."""
+    from probes.group import score_label
+
+    a, b = comparison.a, comparison.b
+    na, nb = comparison.names
+
+    def build(tmp: Path) -> None:
+        keys = comparison.keys()
+        series = [(f"{na}: {Path(sources[0]).name} ({a.n_runs} runs)", "one run", group_series(a, keys)),
+                  (f"{nb}: {Path(sources[1]).name} ({b.n_runs} runs)", "one run", group_series(b, keys))]
+        figures = _group_figures(keys, series, tmp, f"{na} against {nb}")
+        payload = {"sources": {na: sources[0], nb: sources[1]}, **comparison.to_json(),
+                   "probe_config": a.config.to_dict()}
+        (tmp / SCORES_FILE).write_text(json.dumps(jsonable(payload), indent=1))
+        lines = ["# Comparison report: two groups of runs", "", f"## {na}", ""] + _group_header(a, sources[0])
+        lines += [f"## {nb}", ""] + _group_header(b, sources[1])
+        lines += [f"The difference {nb} - {na} is of the two means; its interval resamples each group's runs on "
+                  "its own (the runs of two groups are not paired).", "", "## Scores", "",
+                  f"| score | meaning | {na} mean [interval] | {nb} mean [interval] | {nb} - {na} [interval] |",
+                  "|---|---|---|---|---|"]
+        for key in keys:
+            lines.append(f"| `{score_label(key)}`{direction(key)} | {_meaning(key)} | "
+                         f"{estimate_text(a.scores[key].trained)} | {estimate_text(b.scores[key].trained)} | "
+                         f"{estimate_text(comparison.difference[key])} |")
+        lines += ["", ARROWS, "", "## Figures", ""] + _figure_markdown(figures)
+        (tmp / REPORT_FILE).write_text("\n".join(lines))
+
+    return atomic_directory(out, build)

@@ -22,11 +22,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Optional, Sequence
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 from transformer_lens.utilities.statistics import bootstrap_ci, derive_generator
+
+from rwinterp.errors import require
 
 #: Relative size below which a denominator counts as zero (see :func:`ratio`).
 NEGLIGIBLE = 1e-6
@@ -124,3 +127,84 @@ class Spread:
     def to_dict(self) -> dict:
         return {"mean": self.mean, "std": self.std, "ci_low": self.ci_low, "ci_high": self.ci_high,
                 "values": self.values}
+
+
+#: Resamples of the runs behind an :class:`Estimate`'s interval (a few values each: cheap).
+RUN_RESAMPLES = 2000
+
+
+@dataclass
+class Estimate:
+    """A score over a group of runs (seeds): each run's value, their mean and a bootstrap interval of the mean.
+
+    The runs are the unit that is resampled: the interval says how far the mean could move had other seeds
+    been trained, not how noisy each run's own test set is (that is each run's own interval). It is the
+    percentile interval of the means of ``resamples`` draws of the runs with replacement (TransformerLens
+    ``bootstrap_ci``), seeded, so the same values and seed give the same interval. Runs whose value is
+    undefined (NaN) are left out of the mean and the interval. With fewer than two defined values there is
+    nothing to resample and the interval is undefined (NaN, ``null`` in JSON), not a point.
+    """
+
+    values: list[float]
+    mean: float
+    interval: tuple[float, float]
+
+    @property
+    def defined(self) -> list[float]:
+        return [v for v in self.values if v is not None and math.isfinite(v)]
+
+    @classmethod
+    def of(cls, values: list[float], confidence: float = 0.95, resamples: int = RUN_RESAMPLES,
+           seed: int = 0) -> "Estimate":
+        """The mean of the defined values (``math.fsum`` over their count) and its interval over runs."""
+        values = [math.nan if v is None else float(v) for v in values]
+        finite = [v for v in values if math.isfinite(v)]
+        mean = finite_mean(finite)
+        if len(finite) < 2:
+            return cls(values, mean, (math.nan, math.nan))
+        lo, hi = bootstrap_ci(torch.tensor(finite, dtype=torch.float64), confidence=confidence,
+                              n_resamples=resamples, generator=derive_generator(seed, "run-bootstrap"))
+        return cls(values, mean, (float(lo), float(hi)))
+
+    @classmethod
+    def paired(cls, a: "Estimate", b: "Estimate", confidence: float = 0.95, resamples: int = RUN_RESAMPLES,
+               seed: int = 0) -> "Estimate":
+        """``a - b`` run by run (the same runs in the same order, e.g. trained and its own random models), with
+        the interval of the mean difference over runs: resampling the pairs keeps what the two share."""
+        require(len(a.values) == len(b.values), "a paired difference needs one value of each per run")
+        return cls.of([x - y for x, y in zip(a.values, b.values)], confidence, resamples, seed)
+
+    @classmethod
+    def difference(cls, a: "Estimate", b: "Estimate", confidence: float = 0.95, resamples: int = RUN_RESAMPLES,
+                   seed: int = 0) -> "Estimate":
+        """``mean(b) - mean(a)`` of two independent groups of runs, with the percentile interval of the
+        difference when each group is resampled on its own (independent generators). ``values`` is empty:
+        the runs of two groups are not paired. The interval is undefined unless both groups have two defined
+        values or more."""
+        xa, xb = a.defined, b.defined
+        if not xa or not xb:
+            return cls([], math.nan, (math.nan, math.nan))
+        point = b.mean - a.mean
+        if len(xa) < 2 or len(xb) < 2:
+            return cls([], point, (math.nan, math.nan))
+        draws = (_resampled_means(xb, resamples, derive_generator(seed, "run-bootstrap", "b"))
+                 - _resampled_means(xa, resamples, derive_generator(seed, "run-bootstrap", "a")))
+        alpha = (1.0 - confidence) / 2.0
+        lo, hi = torch.quantile(draws, torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64)).tolist()
+        return cls([], point, (lo, hi))
+
+    def to_dict(self) -> dict:
+        return {"values": self.values, "mean": self.mean, "interval": list(self.interval)}
+
+
+def finite_mean(values: Sequence[Optional[float]]) -> float:
+    """The mean of the defined (finite) values, ``math.fsum`` over their count; NaN if there are none."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    return math.fsum(finite) / len(finite) if finite else math.nan
+
+
+def _resampled_means(values: list[float], resamples: int, generator: torch.Generator) -> Float[Tensor, " resamples"]:
+    """Means of ``resamples`` draws of ``values`` with replacement."""
+    x = torch.tensor(values, dtype=torch.float64)
+    idx = torch.randint(0, len(values), (resamples, len(values)), generator=generator)
+    return x[idx].mean(-1)
