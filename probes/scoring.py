@@ -84,8 +84,8 @@ LEARNED = {
     "accuracy": 1, "bayes_accuracy": 0, "parent_attention": 1, "parent_argmax_rate": 1,
     "attention.uniformity": -1, "attention.value_weighted_parent_share": 1, "attention.gradient_parent_share": 1,
     "patching.parent_effect": 1, "patching.localization": 1, "patching.necessity": 1, "patching.sufficiency": 1,
-    "attribution_patching.parent_share": 1, "transition.distance": -1, "transition.cosine": 1, "transition.argmax_agreement": 1, "transition.r2": 1,
-    "transition.ones_cosine": 0,
+    "attribution_patching.parent_share": 1, "transition.distance": -1, "transition.cosine": 1,
+    "transition.argmax_agreement": 1, "transition.r2": 1, "transition.ones_cosine": 0,
 }
 
 

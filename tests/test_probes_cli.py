@@ -56,6 +56,7 @@ def test_probe_writes_a_report_and_prints_the_scores(runs, capsys):
     assert again["patching"] == data["patching"] and "baseline" not in again
 
 
+@pytest.mark.slow  # three compare reports, every figure drawn
 def test_compare_two_runs(runs, capsys):
     out = runs / "ab"
     capsys.readouterr()

@@ -313,6 +313,7 @@ def test_attribution_shares_leave_out_the_walks_where_they_are_undefined():
     assert result.gradient_share.shape[0] == len(population) > 10
 
 
+@pytest.mark.slow  # every probe figure drawn
 def test_drawing_the_probe_figures_leaves_matplotlib_as_it_was(tmp_path):
     """A library draws without touching the caller's backend or theme, on import or when drawing (in a
     fresh process, where the import is the first)."""
