@@ -333,7 +333,7 @@ def _atomic_write(path: Path, write: Any) -> None:
 
 def sweep(args: argparse.Namespace, settings: dict[str, argparse.Action]) -> SweepResult:
     """Run the sweep the command line describes (see the module docstring)."""
-    from experiments.executors import EXECUTORS, Janitor, make_executor
+    from experiments.executors import EXECUTORS, InlineExecutor, Janitor, make_executor
     from rwinterp.atomic import check_target, remove_stale_in
 
     # ---- everything is checked before anything is written
@@ -381,6 +381,13 @@ def sweep(args: argparse.Namespace, settings: dict[str, argparse.Action]) -> Swe
     else:  # the cluster's nodes have their own memory: each job alone
         check_points(todo, 1)
 
+    def open_executor() -> Any:
+        if args.executor == "process" and slots == 1:
+            return InlineExecutor()
+        return make_executor(args.executor, slots, args.address, args.gpus_per_job or 0.0)
+
+    executor = open_executor() if todo else None  # (Ray is started, or its cluster joined, before any writing)
+
     # ---- the work
     (out / "runs").mkdir(parents=True, exist_ok=True)
     (out / "rows").mkdir(exist_ok=True)
@@ -399,7 +406,7 @@ def sweep(args: argparse.Namespace, settings: dict[str, argparse.Action]) -> Swe
     progress = None if not args.no_progress else False
     with Janitor([out, out / "runs", out / "rows"]):
         if todo:
-            run_jobs(todo, results, out, args, slots, progress, make_executor)
+            run_jobs(todo, results, out, executor, open_executor, progress)
 
         # ---- the table and the figure
         rows = []
@@ -415,8 +422,8 @@ def sweep(args: argparse.Namespace, settings: dict[str, argparse.Action]) -> Swe
     return SweepResult(rows, columns, out, figure, counts)
 
 
-def run_jobs(todo: list[PointJob], results: dict[str, list[dict[str, Any]]], out: Path, args: argparse.Namespace,
-             slots: int, progress: Optional[bool], make_executor: Any) -> None:
+def run_jobs(todo: list[PointJob], results: dict[str, list[dict[str, Any]]], out: Path, executor: Any,
+             open_executor: Any, progress: Optional[bool]) -> None:
     """Run the jobs on the chosen executor; a failed job's rows say why. A process pool broken by a worker
     that died is started again, and the jobs it lost are run once more; a job that kills its worker twice
     is reported as failed."""
@@ -425,16 +432,11 @@ def run_jobs(todo: list[PointJob], results: dict[str, list[dict[str, Any]]], out
 
     from tqdm.auto import tqdm
 
-    from experiments.executors import InlineExecutor
-
     tries = {job.point: 0 for job in todo}
     waiting = list(todo)
     with tqdm(total=len(todo), desc="sweep", unit="point", disable=(None if progress is None else not progress)) as bar:
         while waiting:
-            if args.executor == "process" and slots == 1:
-                executor = InlineExecutor()
-            else:
-                executor = make_executor(args.executor, slots, args.address, args.gpus_per_job or 0.0)
+            executor = executor or open_executor()
             lost = []
             with executor:
                 futures = {executor.submit(run_point, job): job for job in waiting}
@@ -456,7 +458,7 @@ def run_jobs(todo: list[PointJob], results: dict[str, list[dict[str, Any]]], out
                                           {"fingerprint": job.fingerprint(), "rows": rows})
                     results[job.point] = rows
                     bar.update(1)
-            waiting = lost
+            waiting, executor = lost, None
 
 
 def failed_rows(job: PointJob, error: str) -> list[dict[str, Any]]:
