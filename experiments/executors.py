@@ -66,9 +66,23 @@ class Executor:
 
 
 class InlineExecutor(Executor):
-    """Jobs run in this process, one after the other, as they are submitted (``--jobs 1``)."""
+    """Jobs run in this process, one after the other, as they are submitted (``--jobs 1``), with one torch
+    thread (the process's own count is restored at the end)."""
 
     name = "inline"
+
+    def __init__(self) -> None:
+        import torch
+
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def shutdown(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.threads)
+
+    stop = shutdown
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         future: Future = Future()
@@ -263,7 +277,7 @@ class Janitor:
     """A process that outlives this one to clean up after it, however it ends (SIGKILL included).
 
     While this process runs, the janitor notes every process it started, their children included (it
-    reads ``/proc`` twice a second). If this process ends without calling :meth:`close` (killed
+    reads ``/proc`` five times a second). If this process ends without calling :meth:`close` (killed
     outright), the janitor kills every process it noted that still runs, waits for them to end, and
     removes the temporary directories of :mod:`rwinterp.atomic` (``.NAME.tmp-PID-XXXXXXXX``) in the
     ``folders`` it was given whose process is gone. Where there is no ``/proc``, nothing.
@@ -321,7 +335,7 @@ def _janitor() -> None:
     parent, folders = int(sys.argv[1]), [Path(p) for p in sys.argv[2:]]
     seen: dict[int, str] = {}  # pid -> start time, of every process the command started
     while True:
-        ready, _, _ = select.select([sys.stdin], [], [], 0.5)
+        ready, _, _ = select.select([sys.stdin], [], [], 0.2)
         if ready:
             line = sys.stdin.readline()
             if line.strip() == "done":
@@ -334,25 +348,38 @@ def _janitor() -> None:
             if ppid in roots and pid not in seen and pid != os.getpid():
                 seen[pid] = start
                 roots.add(pid)
+    # Stop (SIGSTOP) every noted process that still runs and what it started, until a pass finds no new one:
+    # a stopped process starts nothing, so the set is then closed. Then kill them all.
+    stopped: set[int] = set()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         table = _process_table()
         alive = {pid for pid, start in seen.items() if table.get(pid, (0, None))[1] == start}
         grown = True
-        while grown:  # what the noted processes started meanwhile
+        while grown:
             grown = False
             for pid, (ppid, start) in table.items():
                 if ppid in alive and pid not in alive and pid != os.getpid():
                     seen[pid] = start
                     alive.add(pid)
                     grown = True
-        if not alive:
+        if alive <= stopped:
             break
-        for pid in alive:
+        for pid in alive - stopped:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGSTOP)
             except OSError:
                 pass
-        time.sleep(0.1)
+        stopped |= alive
+    for pid in stopped:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    while time.monotonic() < deadline:  # until they are gone (their temporary folders are then stale)
+        table = _process_table()
+        if not any(table.get(pid, (0, None))[1] == seen[pid] for pid in stopped):
+            break
+        time.sleep(0.05)
     for folder in folders:
         remove_stale_in(folder)

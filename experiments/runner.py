@@ -125,13 +125,21 @@ def build(run: RunSpec) -> tuple[Any, Any, Any]:
     return build_model(kind, model_config), task, train_config
 
 
-def execute_run(run: RunSpec, on_step: Optional[Callable[[int], None]] = None) -> RunResult:
-    """Train one run, recording its quantities; a diverging run keeps its history and an error."""
-    from rwinterp.training import TrainingDiverged, make_data, train
+def execute_run(run: RunSpec, on_step: Optional[Callable[[int], None]] = None, device: Any = None) -> RunResult:
+    """Train one run, recording its quantities; a diverging run keeps its history and an error. ``device``:
+    where it trains (``"cuda"``, ``"auto"``; default the CPU); the trained model comes back on the CPU, where
+    the claims are measured and the figures drawn."""
+    from rwinterp.tasks import Batch
+    from rwinterp.training import TrainingDiverged, make_data, resolve_device, train
 
     model, task, config = build(run)
+    device = resolve_device(device)
+    model.to(device)
     data = make_data(task, config)
     test = data[1]
+    if device.type != "cpu":  # the quantities are recorded from the test walks on the model's device
+        test = Batch(*(None if t is None else t.to(device) for t in (test.tokens, test.labels, test.weights,
+                                                                     test.states)))
     snapshots: dict[str, dict[int, Any]] = {q: {} for q in run.record.quantities}
     last = config.steps
 
@@ -153,6 +161,9 @@ def execute_run(run: RunSpec, on_step: Optional[Callable[[int], None]] = None) -
             _snapshot(history[-1]["step"], model, task, test, run.record.quantities, snapshots)
         if on_step is not None:
             on_step(max(0, last + 1 - len(history)))
+    if device.type != "cpu":
+        model.to("cpu")
+        test = data[1]
     return RunResult(run, history, snapshots, model, task, test, data[0], time.perf_counter() - start, error)
 
 
@@ -163,13 +174,13 @@ def _snapshot(step: int, model: Any, task: Any, test: Any, names: tuple[str, ...
 
 
 def execute(runs: list[PlannedRun], progress: Optional[bool] = None, jobs: int = 1,
-            threads: int = 1, pool: Optional[Executor] = None) -> dict[str, RunResult]:
+            threads: int = 1, pool: Optional[Executor] = None, device: Any = None) -> dict[str, RunResult]:
     """Train every planned run under one progress bar counting gradient steps.
 
     ``jobs`` > 1 trains that many runs at once in worker processes (:func:`worker_pool`), or ``pool`` (any
     :class:`experiments.executors.Executor`) if given, each with ``threads`` torch threads (the bar then
     advances by whole runs). Every run is seeded by its spec alone, so the results are the same whichever
-    process trains it.
+    process trains it. ``device``: where every run trains (:func:`execute_run`).
     """
     from concurrent.futures import as_completed
 
@@ -183,7 +194,7 @@ def execute(runs: list[PlannedRun], progress: Optional[bool] = None, jobs: int =
         if pool is None and (jobs == 1 or len(runs) <= 1):
             for r in runs:
                 bar.set_postfix_str(f"{r.users[0][0]}:{r.spec.name}")
-                out[r.key] = execute_run(r.spec, bar.update)
+                out[r.key] = execute_run(r.spec, bar.update, device)
             return out
 
         def cost(r: PlannedRun) -> int:
@@ -192,7 +203,7 @@ def execute(runs: list[PlannedRun], progress: Optional[bool] = None, jobs: int =
 
         with worker_pool(jobs, threads) if pool is None else nullcontext(pool) as pool:
             # Longest first (steps x training walks), so that no long run starts last.
-            futures = {pool.submit(execute_run, r.spec): r for r in sorted(runs, key=cost, reverse=True)}
+            futures = {pool.submit(execute_run, r.spec, None, device): r for r in sorted(runs, key=cost, reverse=True)}
             for future in as_completed(futures):
                 r = futures[future]
                 out[r.key] = future.result()
@@ -269,7 +280,8 @@ def figure_results(fig: FigureSpec, names: dict[tuple[str, str], str], trained: 
 
 def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
               progress: Optional[bool] = None, write: bool = True, threads: int = 1, jobs: int = 1,
-              executor: str = "process", address: Optional[str] = None) -> Report:
+              executor: str = "process", address: Optional[str] = None, device: Any = None,
+              gpus_per_job: float = 0.0) -> Report:
     """Run the named figures and write their PNGs, ``results.json``, ``runs.json`` and ``REPRODUCTION.md``.
 
     ``out`` is written whole at the end: a previous reproduction there is replaced, figures of other
@@ -279,7 +291,8 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
     thread is fastest, and on a busy machine several threads are many times slower (they wait for
     each other). ``jobs``: runs trained at once, in worker processes (see :func:`execute`); ``executor``:
     where they run, ``"process"`` (this machine's processes) or ``"ray"`` (a local Ray instance, or the
-    cluster at ``address``: :mod:`experiments.executors`). The numbers depend on neither.
+    cluster at ``address``, each job with ``gpus_per_job`` of a GPU: :mod:`experiments.executors`). The
+    numbers depend on neither. ``device``: where the runs train (``"cpu"``, ``"cuda"``, ``"auto"``).
 
     Nothing outlives the call, however it ends: its workers and scratch folder go with it, a SIGKILL
     included (:class:`experiments.executors.Janitor`).
@@ -290,6 +303,9 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
 
     start = time.perf_counter()
     load_before = _load()
+    from rwinterp.training import resolve_device
+
+    device = str(resolve_device(device))  # (no GPU for --device cuda: refused now)
     figures = select(discover(), ids)
     runs, names = plan(figures, reduced)
     out = Path(out)
@@ -314,11 +330,11 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
         elif executor == "process":
             pool = worker_pool(jobs, threads)
         else:
-            pool = make_executor(executor, jobs, address, setup=discover)
+            pool = make_executor(executor, jobs, address, gpus_per_job, setup=discover)
         with pool as pool:
             torch.set_num_threads(threads)
             try:
-                trained = execute(runs, progress, jobs=jobs, threads=threads, pool=pool)
+                trained = execute(runs, progress, jobs=jobs, threads=threads, pool=pool, device=device)
             finally:
                 torch.set_num_threads(previous)
             outcomes = draw_figures(figures, names, trained, reduced, tmp, pool,

@@ -276,3 +276,15 @@ def test_a_killed_reproduction_leaves_no_process_nor_hidden_directory(tmp_path):
     command = ["reproduce", "6", "11", "--jobs", "2", "--out", str(out), "--no-progress"]
     _kill_and_check(command, tmp_path, lambda seen: len(seen) >= 3 and any(tmp_path.iterdir()), [tmp_path])
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_reproduction_on_ray_gives_the_same_results_and_figure(tmp_path):
+    pytest.importorskip("ray")
+    from experiments.runner import reproduce
+
+    reproduce(["4"], tmp_path / "one", reduced=True, progress=False, jobs=1)
+    reproduce(["4"], tmp_path / "ray", reduced=True, progress=False, jobs=2, executor="ray")
+    assert (json.loads((tmp_path / "one" / "results.json").read_text())
+            == json.loads((tmp_path / "ray" / "results.json").read_text()))
+    assert (tmp_path / "one" / "fig04.png").read_bytes() == (tmp_path / "ray" / "fig04.png").read_bytes()
