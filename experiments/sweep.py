@@ -424,41 +424,48 @@ def sweep(args: argparse.Namespace, settings: dict[str, argparse.Action]) -> Swe
 
 def run_jobs(todo: list[PointJob], results: dict[str, list[dict[str, Any]]], out: Path, executor: Any,
              open_executor: Any, progress: Optional[bool]) -> None:
-    """Run the jobs on the chosen executor; a failed job's rows say why. A process pool broken by a worker
-    that died is started again, and the jobs it lost are run once more; a job that kills its worker twice
-    is reported as failed."""
+    """Run the jobs on ``executor``; a job that fails is ``failed`` rows saying why. A worker process that dies
+    breaks a process pool, and every job in it fails with it: those jobs run again, in a fresh pool, one at a
+    time, so that a job that kills its worker again is the only one reported failed."""
     from concurrent.futures import as_completed
     from concurrent.futures.process import BrokenProcessPool
 
     from tqdm.auto import tqdm
 
-    tries = {job.point: 0 for job in todo}
-    waiting = list(todo)
+    def finish(job: PointJob, future: Any, retry: bool) -> bool:
+        """Record the job's rows (False: its pool broke and it is to run again)."""
+        try:
+            rows = future.result()
+        except BrokenProcessPool:
+            if retry:
+                return False
+            rows = failed_rows(job, "its worker process died (killed, or out of memory)")
+        except Exception as exc:  # noqa: BLE001  (a failed job is a row of the table)
+            exc = getattr(exc, "cause", None) or exc  # (Ray's error wraps the job's own)
+            text = str(exc).strip().splitlines()
+            rows = failed_rows(job, f"{type(exc).__name__}: {text[0] if text else ''}".strip())
+        else:
+            write_json_atomic(out / "rows" / f"{job.point}.json", {"fingerprint": job.fingerprint(), "rows": rows})
+        results[job.point] = rows
+        bar.update(1)
+        return True
+
+    waiting, one_at_a_time = list(todo), False
     with tqdm(total=len(todo), desc="sweep", unit="point", disable=(None if progress is None else not progress)) as bar:
         while waiting:
             executor = executor or open_executor()
-            lost = []
+            lost: list[PointJob] = []
             with executor:
-                futures = {executor.submit(run_point, job): job for job in waiting}
-                waiting = []
-                for future in as_completed(futures):
-                    job = futures[future]
-                    try:
-                        rows = future.result()
-                    except BrokenProcessPool:
-                        tries[job.point] += 1
-                        if tries[job.point] < 2:
-                            lost.append(job)
-                            continue
-                        rows = failed_rows(job, "its worker process died (killed, or out of memory)")
-                    except Exception as exc:  # noqa: BLE001  (a failed job is a row of the table)
-                        rows = failed_rows(job, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-                    else:
-                        write_json_atomic(out / "rows" / f"{job.point}.json",
-                                          {"fingerprint": job.fingerprint(), "rows": rows})
-                    results[job.point] = rows
-                    bar.update(1)
-            waiting, executor = lost, None
+                if one_at_a_time:
+                    for i, job in enumerate(waiting):
+                        finish(job, executor.submit(run_point, job), retry=False)
+                        if results[job.point][0]["error"] == "its worker process died (killed, or out of memory)":
+                            lost = waiting[i + 1:]  # (the pool is broken: the rest go to a fresh one)
+                            break
+                else:
+                    futures = {executor.submit(run_point, job): job for job in waiting}
+                    lost = [futures[f] for f in as_completed(futures) if not finish(futures[f], f, retry=True)]
+            waiting, executor, one_at_a_time = lost, None, True
 
 
 def failed_rows(job: PointJob, error: str) -> list[dict[str, Any]]:
