@@ -290,7 +290,9 @@ class Janitor:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from experiments.executors import _janitor; _janitor()", str(os.getpid()),
              *map(str, folders)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, close_fds=True)
+        self.proc.stdout.readline()  # it has seen what runs now: what this process starts next is noted
+        self.proc.stdout.close()
 
     def close(self) -> None:
         """This process ends normally: the janitor leaves without doing anything."""
@@ -334,8 +336,9 @@ def _janitor() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parent, folders = int(sys.argv[1]), [Path(p) for p in sys.argv[2:]]
     seen: dict[int, str] = {}  # pid -> start time, of every process the command started
+    first = True
     while True:
-        ready, _, _ = select.select([sys.stdin], [], [], 0.2)
+        ready, _, _ = select.select([sys.stdin], [], [], 0.0 if first else 0.2)
         if ready:
             line = sys.stdin.readline()
             if line.strip() == "done":
@@ -348,6 +351,10 @@ def _janitor() -> None:
             if ppid in roots and pid not in seen and pid != os.getpid():
                 seen[pid] = start
                 roots.add(pid)
+        if first:
+            sys.stdout.write("ready\n")
+            sys.stdout.close()
+            first = False
     # Stop (SIGSTOP) every noted process that still runs and what it started, until a pass finds no new one:
     # a stopped process starts nothing, so the set is then closed. Then kill them all.
     stopped: set[int] = set()

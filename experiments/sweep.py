@@ -334,7 +334,7 @@ def _atomic_write(path: Path, write: Any) -> None:
 def sweep(args: argparse.Namespace, settings: dict[str, argparse.Action]) -> SweepResult:
     """Run the sweep the command line describes (see the module docstring)."""
     from experiments.executors import EXECUTORS, InlineExecutor, Janitor, make_executor
-    from rwinterp.atomic import check_target, remove_stale_in
+    from rwinterp.atomic import check_target
 
     # ---- everything is checked before anything is written
     require(args.threads is None, "--threads does not apply to sweep: every job trains with one thread")
@@ -386,6 +386,18 @@ def sweep(args: argparse.Namespace, settings: dict[str, argparse.Action]) -> Swe
             return InlineExecutor()
         return make_executor(args.executor, slots, args.address, args.gpus_per_job or 0.0)
 
+    janitor = Janitor([out, out / "runs", out / "rows"])  # (before any worker starts)
+    try:
+        return _run(args, out, jobs, grid, fixed, seeds, settings, reused, todo, open_executor)
+    finally:
+        janitor.close()
+
+
+def _run(args: argparse.Namespace, out: Path, jobs: list[PointJob], grid: dict[str, list[Any]],
+         fixed: dict[str, Any], seeds: list[int], settings: dict[str, argparse.Action],
+         reused: dict[str, Optional[list[dict[str, Any]]]], todo: list[PointJob], open_executor: Any) -> SweepResult:
+    from rwinterp.atomic import remove_stale_in
+
     executor = open_executor() if todo else None  # (Ray is started, or its cluster joined, before any writing)
 
     # ---- the work
@@ -404,20 +416,19 @@ def sweep(args: argparse.Namespace, settings: dict[str, argparse.Action]) -> Swe
             shared[key] = parse_value(key, action, value) if isinstance(value, str) and task_type(action) else value
     results: dict[str, list[dict[str, Any]]] = {p: rows for p, rows in reused.items() if rows is not None}
     progress = None if not args.no_progress else False
-    with Janitor([out, out / "runs", out / "rows"]):
-        if todo:
-            run_jobs(todo, results, out, executor, open_executor, progress)
+    if todo:
+        run_jobs(todo, results, out, executor, open_executor, progress)
 
-        # ---- the table and the figure
-        rows = []
-        for job in jobs:
-            for r in results[job.point]:
-                rows.append({"point": job.point, **{k: job.values[k] for k in grid}, **shared, **r})
-        columns = table_columns(rows, list(grid) + list(shared))
-        write_table(out, rows, columns)
-        score = args.plot or ("score.accuracy" if args.probe else "test_accuracy")
-        against = args.against or next(iter(grid))
-        figure = plot(out, rows, score, against, [k for k in grid if k != against])
+    # ---- the table and the figure
+    rows = []
+    for job in jobs:
+        for r in results[job.point]:
+            rows.append({"point": job.point, **{k: job.values[k] for k in grid}, **shared, **r})
+    columns = table_columns(rows, list(grid) + list(shared))
+    write_table(out, rows, columns)
+    score = args.plot or ("score.accuracy" if args.probe else "test_accuracy")
+    against = args.against or next(iter(grid))
+    figure = plot(out, rows, score, against, [k for k in grid if k != against])
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
     return SweepResult(rows, columns, out, figure, counts)
 

@@ -251,7 +251,8 @@ def _kill_and_check(command: list[str], tmp_path: Path, ready, hidden_in: list[P
     deadline = time.monotonic() + 60
     while _alive(seen) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _alive(seen) == set()
+    left = {pid: Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")[:80] for pid in _alive(seen)}
+    assert left == {}
     for folder in hidden_in:
         assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == [] if folder.exists() else True
 
@@ -288,3 +289,17 @@ def test_a_reproduction_on_ray_gives_the_same_results_and_figure(tmp_path):
     assert (json.loads((tmp_path / "one" / "results.json").read_text())
             == json.loads((tmp_path / "ray" / "results.json").read_text()))
     assert (tmp_path / "one" / "fig04.png").read_bytes() == (tmp_path / "ray" / "fig04.png").read_bytes()
+
+
+def test_probe_adds_the_scorecard_of_each_run(tmp_path):
+    from probes.scoring import scorecard
+    from probes.targets import restrict, run_test_walks
+    from rwinterp.runs import load_run
+
+    out = tmp_path / "s"
+    assert sweep(out, "--probe", "--walks", "20", "--plot", "score.parent_attention", grid=("p=0.9",), seeds="1") == 0
+    (row,) = table(out)
+    run = load_run(out / row["run"])
+    card = scorecard(run.model, run.task, restrict(run_test_walks(run), 20)).headline()
+    assert {k: row[f"score.{k}"] for k in card} == pytest.approx(card, rel=1e-12, nan_ok=True)
+    assert (out / "score.parent_attention.png").is_file()
