@@ -128,8 +128,13 @@ class ProcessExecutor(Executor):
         import multiprocessing
 
         self.pool.shutdown(wait=False, cancel_futures=True)
-        for child in multiprocessing.active_children():
+        children = multiprocessing.active_children()
+        for child in children:
             child.terminate()
+        for child in children:  # (so that what they were writing can be removed once they are gone)
+            child.join(5)
+            if child.is_alive():
+                child.kill()
 
 
 def _init_process(threads: int, setup: Optional[Callable[[], Any]]) -> None:
@@ -191,6 +196,8 @@ class RayExecutor(Executor):
         self.ray, self.address, self.setup, self.gpus = ray, address, setup, gpus_per_job
         self.refs: list[Any] = []
         env = {"env_vars": _worker_env()}
+        # Ray answers SIGTERM in a driver with sys.exit(15); the command's own answer (unwind, status 143) stays.
+        sigterm = signal.getsignal(signal.SIGTERM)
         try:
             if address is None:
                 ray.init(num_cpus=jobs or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
@@ -200,6 +207,11 @@ class RayExecutor(Executor):
         except Exception as exc:  # noqa: BLE001  (Ray raises several kinds; each is one line here)
             raise RwinterpError(f"cannot start Ray{'' if address is None else ' at ' + address}: "
                                 f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        finally:
+            import threading
+
+            if sigterm is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, sigterm)
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.slots = max(1, min(cpus, jobs) if jobs else cpus)
         if gpus_per_job > 0:

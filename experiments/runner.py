@@ -315,14 +315,14 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
         out = check_target(out, "reproduction", REPORT_FILES)
         remove_stale(out)
     tmp = temporary_sibling(out if write else Path(tempfile.gettempdir()) / "rwinterp-reproduce")
+    janitor = Janitor([tmp.parent])  # (before the folder is made: a SIGKILL from then on is cleaned up after)
     try:
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir()
-    except OSError as exc:
-        raise RwinterpError(f"cannot write into {tmp.parent}: {exc.strerror or exc}") from None
-    previous = torch.get_num_threads()
-    janitor = Janitor([tmp.parent])
-    try:
+        try:
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
+        except OSError as exc:
+            raise RwinterpError(f"cannot write into {tmp.parent}: {exc.strerror or exc}") from None
+        previous = torch.get_num_threads()
         # One pool of workers trains the runs and then draws the figures. It is shut down (about a second)
         # before publishing, so that a stop meanwhile leaves nothing behind.
         if executor == "process" and jobs == 1:

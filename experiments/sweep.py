@@ -334,7 +334,7 @@ def _atomic_write(path: Path, write: Any) -> None:
 def sweep(args: argparse.Namespace, settings: dict[str, argparse.Action]) -> SweepResult:
     """Run the sweep the command line describes (see the module docstring)."""
     from experiments.executors import EXECUTORS, InlineExecutor, Janitor, make_executor
-    from rwinterp.atomic import check_target
+    from rwinterp.atomic import check_target, remove_stale_in
 
     # ---- everything is checked before anything is written
     require(args.threads is None, "--threads does not apply to sweep: every job trains with one thread")
@@ -391,6 +391,8 @@ def sweep(args: argparse.Namespace, settings: dict[str, argparse.Action]) -> Swe
         return _run(args, out, jobs, grid, fixed, seeds, settings, reused, todo, open_executor)
     finally:
         janitor.close()
+        for folder in (out, out / "runs", out / "rows"):  # what stopped workers were writing
+            remove_stale_in(folder)
 
 
 def _run(args: argparse.Namespace, out: Path, jobs: list[PointJob], grid: dict[str, list[Any]],

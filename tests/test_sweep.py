@@ -236,7 +236,8 @@ def _alive(pids: set) -> set:
     return out
 
 
-def _kill_and_check(command: list[str], tmp_path: Path, ready, hidden_in: list[Path]) -> None:
+def _kill_and_check(command: list[str], tmp_path: Path, ready, hidden_in: list[Path],
+                    signum: int = signal.SIGKILL) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "rwinterp.cli", *command], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     seen: set = set()
@@ -246,8 +247,8 @@ def _kill_and_check(command: list[str], tmp_path: Path, ready, hidden_in: list[P
         time.sleep(0.1)
     assert ready(seen), "the command never got going"
     _descendants(proc.pid, seen)
-    proc.kill()
-    proc.wait()
+    proc.send_signal(signum)
+    assert proc.wait(timeout=60) == (-signum if signum == signal.SIGKILL else 128 + signum)
     deadline = time.monotonic() + 60
     while _alive(seen) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -258,8 +259,9 @@ def _kill_and_check(command: list[str], tmp_path: Path, ready, hidden_in: list[P
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("executor", ["process", "ray"])
-def test_a_killed_sweep_leaves_no_process_nor_hidden_directory(tmp_path, executor):
+@pytest.mark.parametrize("executor, signum", [("process", signal.SIGKILL), ("ray", signal.SIGKILL),
+                                              ("process", signal.SIGTERM), ("ray", signal.SIGTERM)])
+def test_a_killed_sweep_leaves_no_process_nor_hidden_directory(tmp_path, executor, signum):
     if executor == "ray":
         pytest.importorskip("ray")
     out = tmp_path / "s"
@@ -267,7 +269,7 @@ def test_a_killed_sweep_leaves_no_process_nor_hidden_directory(tmp_path, executo
                "--jobs", "2", "--executor", executor, "--out", str(out), "--no-progress"]
     # Killed once its workers train (two or more processes besides the janitor).
     _kill_and_check(command, tmp_path, lambda seen: len(seen) >= 3 and (out / "runs").exists(),
-                    [tmp_path, out, out / "runs", out / "rows"])
+                    [tmp_path, out, out / "runs", out / "rows"], signum)
     assert sorted(p.name for p in out.iterdir()) == ["rows", "runs", "sweep.json"]
 
 
