@@ -26,7 +26,6 @@ import os
 import pickle
 import pkgutil
 import shutil
-import signal
 import tempfile
 import time
 from contextlib import nullcontext

@@ -25,14 +25,12 @@ settings are the same (``reused`` rows), and trains only the others.
 from __future__ import annotations
 
 import argparse
-import copy
 import csv
 import itertools
 import json
 import math
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,8 +249,8 @@ def plan_sweep(args: argparse.Namespace, parser_settings: dict[str, argparse.Act
     base = dict(vars(args))
     for key, value in fixed.items():
         dest = parser_settings[key].dest
-        if base.get(dest) is None or base.get(dest) is False:
-            base[dest] = value
+        if base.get(dest) is None:
+            base[dest] = value if parser_settings[key].type is not None or isinstance(value, bool) else _text(value)
     jobs = []
     names = list(grid)
     for combo in itertools.product(*(grid[n] for n in names)):

@@ -305,3 +305,20 @@ def test_probe_adds_the_scorecard_of_each_run(tmp_path):
     card = scorecard(run.model, run.task, restrict(run_test_walks(run), 20)).headline()
     assert {k: row[f"score.{k}"] for k in card} == pytest.approx(card, rel=1e-12, nan_ok=True)
     assert (out / "score.parent_attention.png").is_file()
+
+
+def test_memory_is_checked_for_the_jobs_that_run_side_by_side(tmp_path, monkeypatch, capsys):
+    """Two points at once, two seeds each: four models in memory together, refused before anything is written."""
+    from rwinterp.config import DeepOptions
+
+    options = DeepOptions(n_states=6, n_ctx=9, pos_dim=16)
+    weights, per_sample = (8 * n for n in options.element_counts())
+    one = weights + 60 * per_sample  # what one model of TINY needs
+    monkeypatch.setattr("rwinterp.training.available_memory", lambda device: 3 * one)
+    out = tmp_path / "s"
+    assert sweep(out, grid=("p=0.1,0.9",), jobs="2") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rwinterp: error: grid point p=0.1: not enough memory: this run needs about "
+                          f"{4 * one / 2**30:.3g} GiB for 4 models, more than the {3 * one / 2**30:.3g} GiB"), err
+    assert list(tmp_path.iterdir()) == []
+    assert sweep(out, grid=("p=0.1,0.9",), jobs="1") == 0  # one job at a time: two models
