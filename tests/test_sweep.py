@@ -322,3 +322,34 @@ def test_memory_is_checked_for_the_jobs_that_run_side_by_side(tmp_path, monkeypa
                           f"{4 * one / 2**30:.3g} GiB for 4 models, more than the {3 * one / 2**30:.3g} GiB"), err
     assert list(tmp_path.iterdir()) == []
     assert sweep(out, grid=("p=0.1,0.9",), jobs="1") == 0  # one job at a time: two models
+
+
+@pytest.mark.slow
+def test_a_job_whose_worker_is_killed_runs_again_alone_and_is_reported_if_killed_again(tmp_path):
+    """A worker that dies breaks the whole process pool: its jobs run again, one at a time in a fresh pool, and
+    a job whose worker dies then too is a failed row; the other points of the sweep complete."""
+    out = tmp_path / "s"
+    proc = subprocess.Popen([sys.executable, "-m", "rwinterp.cli", "sweep", *TINY, "--grid", "steps=5,200000",
+                             "--jobs", "2", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    killed: set = set()
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if (out / "rows" / "steps=5.json").exists():  # the short point is done: kill every worker from now on
+            for pid in _alive(_descendants(proc.pid, set())):
+                try:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_text()
+                except OSError:
+                    continue
+                if "spawn_main" in cmdline and pid not in killed:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+        time.sleep(0.1)
+    printed, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert len(killed) >= 2  # the first pool's and the one the lost job ran in alone
+    rows = table(out)
+    assert [(r["steps"], r["status"], r["error"]) for r in rows] == [
+        (5, "ok", None), (200000, "failed", "its worker process died (killed, or out of memory)")]
+    assert "failed  steps=200000 seed 0: its worker process died" in printed
+    assert [p.name for p in (out / "runs").iterdir()] == ["steps=5"]
