@@ -320,7 +320,9 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def _atomic_write(path: Path, write: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    from rwinterp.atomic import temporary_sibling
+
+    tmp = temporary_sibling(path)
     try:
         write(tmp)
         os.replace(tmp, path)

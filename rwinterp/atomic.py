@@ -84,7 +84,7 @@ def remove_stale(target: Path) -> None:
 
 
 def remove_stale_in(folder: str | Path) -> None:
-    """Remove every temporary directory in ``folder`` (``.NAME.WHAT-PID-XXXXXXXX``, as
+    """Remove every temporary directory or file in ``folder`` (``.NAME.WHAT-PID-XXXXXXXX``, as
     :func:`temporary_sibling` names them) whose process no longer runs."""
     import re
 
@@ -94,8 +94,12 @@ def remove_stale_in(folder: str | Path) -> None:
         return
     for path in entries:
         found = re.fullmatch(r"\..+\.[a-z]+-(\d+)-[0-9a-f]{8}", path.name)
-        if found and path.is_dir() and not path.is_symlink() and not _alive(int(found.group(1))):
+        if not found or path.is_symlink() or _alive(int(found.group(1))):
+            continue
+        if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:

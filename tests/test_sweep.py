@@ -187,6 +187,7 @@ def test_stale_temporary_directories_of_dead_processes_are_removed(tmp_path):
                           text=True).stdout.strip()
     for name in (f".a.tmp-{dead}-0123abcd", f".b.tmp-{os.getpid()}-0123abcd", "c", f".d.old-{dead}-89abcdef"):
         (tmp_path / name).mkdir()
+    (tmp_path / f".table.csv.tmp-{dead}-0123abcd").write_text("half")
     remove_stale_in(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f".b.tmp-{os.getpid()}-0123abcd", "c"]
 
