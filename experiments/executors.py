@@ -205,8 +205,11 @@ class RayExecutor(Executor):
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=env)
         except Exception as exc:  # noqa: BLE001  (Ray raises several kinds; each is one line here)
+            hint = ("" if address is None or os.environ.get("RAY_AUTH_MODE") else
+                    " (if the cluster uses token authentication, recent Ray's default, set RAY_AUTH_MODE=token and "
+                    "give this machine its token: docs/sweeps.md)")
             raise RwinterpError(f"cannot start Ray{'' if address is None else ' at ' + address}: "
-                                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+                                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}{hint}") from None
         finally:
             import threading
 
