@@ -361,7 +361,7 @@ def sweep(args: argparse.Namespace, settings: dict[str, argparse.Action]) -> Swe
         seeds_text = seeds_text if seeds_text is not None else spec_seeds
     require(bool(grid), "the grid is empty: give at least one --grid NAME=V1,V2 (or a --spec file with a [grid])")
     seeds = parse_seeds(seeds_text if seeds_text is not None else "0")
-    out = check_target(args.out, "sweep", SWEEP_FILES)
+    out = check_target(args.out, "sweep", SWEEP_FILES).absolute()  # (workers may start elsewhere)
     jobs = plan_sweep(args, settings, grid, fixed, seeds, out)
     if args.plot is not None:
         require(args.plot in plottable(args.probe), f"--plot {args.plot}: not a score of this sweep; choose one of "
