@@ -354,3 +354,17 @@ def test_a_job_whose_worker_is_killed_runs_again_alone_and_is_reported_if_killed
         (5, "ok", None), (200000, "failed", "its worker process died (killed, or out of memory)")]
     assert "failed  steps=200000 seed 0: its worker process died" in printed
     assert [p.name for p in (out / "runs").iterdir()] == ["steps=5"]
+
+
+def test_reproduce_refuses_a_missing_gpu_and_options_of_another_executor(tmp_path, capsys):
+    import torch
+
+    out = tmp_path / "rr"
+    if not torch.cuda.is_available():
+        assert main(["reproduce", "4", "--reduced", "--device", "cuda", "--out", str(out), "--no-progress"]) == 2
+        assert capsys.readouterr().err.startswith("rwinterp: error: --device cuda: there is no CUDA GPU here")
+    assert main(["reproduce", "4", "--address", "127.0.0.1:1", "--out", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err == "rwinterp: error: --address applies to --executor ray\n"
+    assert main(["reproduce", "4", "--executor", "ray", "--gpus-per-job", "2", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == "rwinterp: error: --gpus-per-job must be in (0, 1], got 2.0\n"
+    assert list(tmp_path.iterdir()) == []
