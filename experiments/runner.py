@@ -305,6 +305,9 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
     from rwinterp.training import resolve_device
 
     device = str(resolve_device(device))  # (no GPU for --device cuda: refused now)
+    require(device == "cpu" or executor != "ray" or gpus_per_job > 0,
+            f"--device {device} with --executor ray needs --gpus-per-job (Ray hides the GPUs from a task that asks "
+            "for none)")
     figures = select(discover(), ids)
     runs, names = plan(figures, reduced)
     out = Path(out)

@@ -372,7 +372,10 @@ def sweep(args: argparse.Namespace, settings: dict[str, argparse.Action]) -> Swe
 
     from rwinterp.training import resolve_device
 
-    resolve_device(args.device)  # --device cuda without a GPU: refused here
+    device = resolve_device(args.device)  # --device cuda without a GPU: refused here
+    require(device.type == "cpu" or args.executor != "ray" or args.gpus_per_job,
+            f"--device {args.device} with --executor ray needs --gpus-per-job (Ray hides the GPUs from a task that "
+            "asks for none; 0.25 lets four jobs share a GPU)")
     reused = {job.point: finished_rows(job, out) for job in jobs}
     todo = [job for job in jobs if reused[job.point] is None]
     slots = min(len(todo), args.jobs or min(cpus, 8)) or 1
