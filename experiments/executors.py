@@ -200,7 +200,9 @@ class RayExecutor(Executor):
         sigterm = signal.getsignal(signal.SIGTERM)
         try:
             if address is None:
-                ray.init(num_cpus=jobs or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
+                # ("local": a new instance, even where `ray start` left this machine an address to join)
+                ray.init(address="local", num_cpus=jobs or os.cpu_count() or 1, include_dashboard=False,
+                         log_to_driver=False,
                          configure_logging=False, runtime_env=env)
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=env)
