@@ -10,6 +10,8 @@ Layout
 * :mod:`experiments.runner`: discovers the specs, trains each distinct run once (shared between
   figures), draws, checks, writes ``figNN.png``, ``results.json``, ``runs.json``, ``REPRODUCTION.md``.
 * :mod:`experiments.plots`, :mod:`experiments.report`: drawing (seaborn) and the report.
+* :mod:`experiments.executors`: where jobs run (this machine's processes, or Ray), for the runner and
+  for :mod:`experiments.sweep` (``rwinterp sweep``: a grid of train jobs into one table, ``docs/sweeps.md``).
 * :mod:`experiments.specs`: one module per figure (``fig02.py`` ... ``fig13.py``) or extra study
   (``fragility``, ``theorem31``, ``lockin``, ``probes``), each with ``SPEC``; modules starting with
   ``_`` hold shared builders (``_walk``: Figs 4/5/8/9, ``_qa``: Figs 7/10, ``_random_init``: 6/11-13).

@@ -26,17 +26,16 @@ import os
 import pickle
 import pkgutil
 import shutil
-import signal
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
+from experiments.executors import Executor, Janitor, ProcessExecutor, make_executor
 from experiments.spec import (QUANTITIES, Check, ClaimResult, FigureSpec, Results, RunResult, RunSpec,
                               StepView)
 from rwinterp.atomic import check_target, publish, remove_stale, temporary_sibling
@@ -125,13 +124,21 @@ def build(run: RunSpec) -> tuple[Any, Any, Any]:
     return build_model(kind, model_config), task, train_config
 
 
-def execute_run(run: RunSpec, on_step: Optional[Callable[[int], None]] = None) -> RunResult:
-    """Train one run, recording its quantities; a diverging run keeps its history and an error."""
-    from rwinterp.training import TrainingDiverged, make_data, train
+def execute_run(run: RunSpec, on_step: Optional[Callable[[int], None]] = None, device: Any = None) -> RunResult:
+    """Train one run, recording its quantities; a diverging run keeps its history and an error. ``device``:
+    where it trains (``"cuda"``, ``"auto"``; default the CPU); the trained model comes back on the CPU, where
+    the claims are measured and the figures drawn."""
+    from rwinterp.tasks import Batch
+    from rwinterp.training import TrainingDiverged, make_data, resolve_device, train
 
     model, task, config = build(run)
+    device = resolve_device(device)
+    model.to(device)
     data = make_data(task, config)
     test = data[1]
+    if device.type != "cpu":  # the quantities are recorded from the test walks on the model's device
+        test = Batch(*(None if t is None else t.to(device) for t in (test.tokens, test.labels, test.weights,
+                                                                     test.states)))
     snapshots: dict[str, dict[int, Any]] = {q: {} for q in run.record.quantities}
     last = config.steps
 
@@ -153,6 +160,9 @@ def execute_run(run: RunSpec, on_step: Optional[Callable[[int], None]] = None) -
             _snapshot(history[-1]["step"], model, task, test, run.record.quantities, snapshots)
         if on_step is not None:
             on_step(max(0, last + 1 - len(history)))
+    if device.type != "cpu":
+        model.to("cpu")
+        test = data[1]
     return RunResult(run, history, snapshots, model, task, test, data[0], time.perf_counter() - start, error)
 
 
@@ -163,13 +173,16 @@ def _snapshot(step: int, model: Any, task: Any, test: Any, names: tuple[str, ...
 
 
 def execute(runs: list[PlannedRun], progress: Optional[bool] = None, jobs: int = 1,
-            threads: int = 1, pool: Any = None) -> dict[str, RunResult]:
+            threads: int = 1, pool: Optional[Executor] = None, device: Any = None) -> dict[str, RunResult]:
     """Train every planned run under one progress bar counting gradient steps.
 
-    ``jobs`` > 1 trains that many runs at once in worker processes (:func:`worker_pool`, or ``pool``
-    if given), each with ``threads`` torch threads (the bar then advances by whole runs). Every run is
-    seeded by its spec alone, so the results are the same whichever process trains it.
+    ``jobs`` > 1 trains that many runs at once in worker processes (:func:`worker_pool`), or ``pool`` (any
+    :class:`experiments.executors.Executor`) if given, each with ``threads`` torch threads (the bar then
+    advances by whole runs). Every run is seeded by its spec alone, so the results are the same whichever
+    process trains it. ``device``: where every run trains (:func:`execute_run`).
     """
+    from concurrent.futures import as_completed
+
     from tqdm.auto import tqdm
 
     require(isinstance(jobs, int) and jobs >= 1, f"jobs must be a positive integer, got {jobs!r}")
@@ -177,20 +190,19 @@ def execute(runs: list[PlannedRun], progress: Optional[bool] = None, jobs: int =
     out: dict[str, RunResult] = {}
     with tqdm(total=total, desc="reproduce", unit="step",
               disable=(None if progress is None else not progress)) as bar:
-        if jobs == 1 or len(runs) <= 1:
+        if pool is None and (jobs == 1 or len(runs) <= 1):
             for r in runs:
                 bar.set_postfix_str(f"{r.users[0][0]}:{r.spec.name}")
-                out[r.key] = execute_run(r.spec, bar.update)
+                out[r.key] = execute_run(r.spec, bar.update, device)
             return out
-        from concurrent.futures import as_completed
 
         def cost(r: PlannedRun) -> int:
             config = r.spec.configs()[3]
             return config.steps * config.n_train
 
-        with running(worker_pool(jobs, threads)) if pool is None else nullcontext(pool) as pool:
+        with worker_pool(jobs, threads) if pool is None else nullcontext(pool) as pool:
             # Longest first (steps x training walks), so that no long run starts last.
-            futures = {submit(pool, execute_run, r.spec): r for r in sorted(runs, key=cost, reverse=True)}
+            futures = {pool.submit(execute_run, r.spec, None, device): r for r in sorted(runs, key=cost, reverse=True)}
             for future in as_completed(futures):
                 r = futures[future]
                 out[r.key] = future.result()
@@ -199,75 +211,11 @@ def execute(runs: list[PlannedRun], progress: Optional[bool] = None, jobs: int =
     return {r.key: out[r.key] for r in runs}
 
 
-def worker_pool(jobs: int, threads: int = 1) -> ProcessPoolExecutor:
-    """A pool of ``jobs`` spawned worker processes, each with ``threads`` torch threads and every spec module
-    imported (so the quantities and figures they define are known there). Submit to it with :func:`submit`
-    and use it inside :func:`running`."""
-    import multiprocessing
-
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_init_worker, initargs=(threads,))
-
-
-def submit(pool: Any, fn: Callable[..., Any], *args: Any) -> Any:
-    """``pool.submit`` with Ctrl-C blocked while a worker may start: a worker inherits the mask and starts with
-    SIGINT blocked, so the Ctrl-C a terminal sends the whole process group never interrupts its imports; its
-    initialiser then ignores SIGINT for good (this process answers it and ends the workers)."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        return pool.submit(fn, *args)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-
-
-@contextmanager
-def running(pool: Optional[ProcessPoolExecutor]) -> Iterator[Optional[ProcessPoolExecutor]]:
-    """Use ``pool`` (or None) in a ``with`` block: shut down after the work; after an error, Ctrl-C or SIGTERM,
-    cancel what is queued and end the workers now instead of waiting for their runs."""
-    import multiprocessing
-
-    if pool is None:
-        yield None
-        return
-    try:
-        yield pool
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        for child in multiprocessing.active_children():
-            child.terminate()
-        raise
-    pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _init_worker(threads: int) -> None:
-    import threading
-
-    import torch
-    from tqdm import tqdm
-
-    # tqdm's default lock is a multiprocessing semaphore, which a worker ended by :func:`running` could not
-    # release: the workers' bars (never shown) share a thread lock instead.
-    tqdm.set_lock(threading.RLock())
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    die_with_parent()
-    discover()  # imports every spec module, registering the quantities they define
-    torch.set_num_threads(threads)
-
-
-def die_with_parent() -> None:
-    """Ask Linux to end this process when its parent dies, however it dies (SIGKILL included): a worker never
-    outlives the command that started it. Elsewhere, nothing."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() == 1:  # the parent died before the request was made
-            os._exit(1)
-    except (OSError, AttributeError):
-        pass
+def worker_pool(jobs: int, threads: int = 1) -> ProcessExecutor:
+    """A pool of ``jobs`` worker processes (:class:`experiments.executors.ProcessExecutor`), each with
+    ``threads`` torch threads and every spec module imported (so the quantities and figures they define are
+    known there). Use it in a ``with`` block."""
+    return ProcessExecutor(jobs, threads, setup=discover)
 
 
 # --------------------------------------------------------------------------------------- claims
@@ -330,7 +278,9 @@ def figure_results(fig: FigureSpec, names: dict[tuple[str, str], str], trained: 
 
 
 def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
-              progress: Optional[bool] = None, write: bool = True, threads: int = 1, jobs: int = 1) -> Report:
+              progress: Optional[bool] = None, write: bool = True, threads: int = 1, jobs: int = 1,
+              executor: str = "process", address: Optional[str] = None, device: Any = None,
+              gpus_per_job: float = 0.0) -> Report:
     """Run the named figures and write their PNGs, ``results.json``, ``runs.json`` and ``REPRODUCTION.md``.
 
     ``out`` is written whole at the end: a previous reproduction there is replaced, figures of other
@@ -338,8 +288,13 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
 
     ``threads``: torch CPU threads per training process. The runs are tiny tensor programs; one
     thread is fastest, and on a busy machine several threads are many times slower (they wait for
-    each other). ``jobs``: runs trained at once, in worker processes (see :func:`execute`); the
-    numbers do not depend on it.
+    each other). ``jobs``: runs trained at once, in worker processes (see :func:`execute`); ``executor``:
+    where they run, ``"process"`` (this machine's processes) or ``"ray"`` (a local Ray instance, or the
+    cluster at ``address``, each job with ``gpus_per_job`` of a GPU: :mod:`experiments.executors`). The
+    numbers depend on neither. ``device``: where the runs train (``"cpu"``, ``"cuda"``, ``"auto"``).
+
+    Nothing outlives the call, however it ends: its workers and scratch folder go with it, a SIGKILL
+    included (:class:`experiments.executors.Janitor`).
     """
     import torch
 
@@ -347,6 +302,12 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
 
     start = time.perf_counter()
     load_before = _load()
+    from rwinterp.training import resolve_device
+
+    device = str(resolve_device(device))  # (no GPU for --device cuda: refused now)
+    require(device == "cpu" or executor != "ray" or gpus_per_job > 0,
+            f"--device {device} with --executor ray needs --gpus-per-job (Ray hides the GPUs from a task that asks "
+            "for none)")
     figures = select(discover(), ids)
     runs, names = plan(figures, reduced)
     out = Path(out)
@@ -356,22 +317,30 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
         out = check_target(out, "reproduction", REPORT_FILES)
         remove_stale(out)
     tmp = temporary_sibling(out if write else Path(tempfile.gettempdir()) / "rwinterp-reproduce")
+    janitor = Janitor([tmp.parent])  # (before the folder is made: a SIGKILL from then on is cleaned up after)
     try:
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir()
-    except OSError as exc:
-        raise RwinterpError(f"cannot write into {tmp.parent}: {exc.strerror or exc}") from None
-    previous = torch.get_num_threads()
-    try:
+        try:
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
+        except OSError as exc:
+            raise RwinterpError(f"cannot write into {tmp.parent}: {exc.strerror or exc}") from None
+        previous = torch.get_num_threads()
         # One pool of workers trains the runs and then draws the figures. It is shut down (about a second)
         # before publishing, so that a stop meanwhile leaves nothing behind.
-        with running(worker_pool(jobs, threads) if jobs > 1 else None) as pool:
+        if executor == "process" and jobs == 1:
+            pool = nullcontext(None)
+        elif executor == "process":
+            pool = worker_pool(jobs, threads)
+        else:
+            pool = make_executor(executor, jobs, address, gpus_per_job, setup=discover)
+        with pool as pool:
             torch.set_num_threads(threads)
             try:
-                trained = execute(runs, progress, jobs=jobs, threads=threads, pool=pool)
+                trained = execute(runs, progress, jobs=jobs, threads=threads, pool=pool, device=device)
             finally:
                 torch.set_num_threads(previous)
-            outcomes = draw_figures(figures, names, trained, reduced, tmp, pool, in_flight=jobs)
+            outcomes = draw_figures(figures, names, trained, reduced, tmp, pool,
+                                    in_flight=jobs if pool is None else pool.slots)
         run_rows = [_run_row(r, trained[r.key]) for r in runs]
         rep = Report(outcomes, run_rows, time.perf_counter() - start, reduced, load_before, jobs)
         if write:
@@ -380,6 +349,7 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
         return rep
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        janitor.close()
 
 
 def draw_figures(figures: list[FigureSpec], names: dict[tuple[str, str], str], trained: dict[str, RunResult],
@@ -387,7 +357,7 @@ def draw_figures(figures: list[FigureSpec], names: dict[tuple[str, str], str], t
     """Check every figure's claims and draw its PNG into ``out_dir``.
 
     The claims are measured here, in this process, so the numbers never depend on how the work is
-    shared. Given a ``pool`` (:func:`worker_pool`), its workers draw meanwhile, figures with the most
+    shared. Given a ``pool`` (:func:`worker_pool`, or any executor), its workers draw meanwhile, figures with the most
     panels first (drawing takes most of the time), ``in_flight`` figures at a time (one per worker).
 
     Each figure's results go to the pool pickled here, between two claims: the pool would otherwise
@@ -405,7 +375,8 @@ def draw_figures(figures: list[FigureSpec], names: dict[tuple[str, str], str], t
     def submit_more() -> None:
         while pool is not None and waiting and sum(not f.done() for f in futures.values()) < in_flight:
             fig = waiting.pop(0)
-            futures[fig.id] = submit(pool, _draw_pickled, fig.id, _pickled(results[fig.id]), out_dir)
+            shared = getattr(pool, "shares_memory", True)
+            futures[fig.id] = pool.submit(_draw_pickled, fig.id, _pickled(results[fig.id], shared), out_dir)
 
     submit_more()
     outcomes = []
@@ -426,14 +397,15 @@ def draw_figures(figures: list[FigureSpec], names: dict[tuple[str, str], str], t
     return outcomes
 
 
-def _pickled(results: Results) -> bytes:
-    """``results`` pickled as the pool itself would (tensors travel through shared memory, not inside
-    the pickle: a plain pickle copies every model and walk into it), without the runs' memoised analyses."""
+def _pickled(results: Results, shared: bool = True) -> bytes:
+    """``results`` pickled as a process pool itself would (``shared``: tensors travel through shared memory,
+    not inside the pickle: a plain pickle copies every model and walk into it; a Ray worker, another
+    machine's perhaps, gets a plain pickle), without the runs' memoised analyses."""
     from multiprocessing.reduction import ForkingPickler
 
     bare = Results({name: replace(run, derived={}) for name, run in results.items()})
     bare.reduced = results.reduced
-    return bytes(ForkingPickler.dumps(bare))
+    return bytes(ForkingPickler.dumps(bare)) if shared else pickle.dumps(bare)
 
 
 def _draw_pickled(fig_id: str, results: bytes, out_dir: Path) -> tuple[Optional[str], list[str], float]:

@@ -83,6 +83,25 @@ def remove_stale(target: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def remove_stale_in(folder: str | Path) -> None:
+    """Remove every temporary directory or file in ``folder`` (``.NAME.WHAT-PID-XXXXXXXX``, as
+    :func:`temporary_sibling` names them) whose process no longer runs."""
+    import re
+
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return
+    for path in entries:
+        found = re.fullmatch(r"\..+\.[a-z]+-(\d+)-[0-9a-f]{8}", path.name)
+        if not found or path.is_symlink() or _alive(int(found.group(1))):
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

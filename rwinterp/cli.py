@@ -261,30 +261,16 @@ def _train(args: argparse.Namespace) -> int:
     if args.seeds is not None:
         require(args.seed is None, "--seed and --seeds do not go together: --seeds lists every seed to train")
         seeds = parse_seeds(args.seeds)
-    train_config = _train_config(args)
-    params = _task_params(args)
-    # The model's options are checked now, before anything heavy loads, with the sizes the task will have where
-    # they are given; a task that fixes its own sizes (the QA tasks) has its model checked once it is built.
-    K = params.get("K", (params.get("rows") or 0) * (params.get("cols") or 0) or None)
-    N = params.get("N")
-    if K is not None and N is not None:
-        _model_options(args, K, N)
+    params, train_config = check_train_options(args)
     if args.out is not None:  # refused now, not after the training
         from rwinterp.runs import GROUP_FILES, RUN_FILES
 
         check_target(args.out, "run" if seeds is None else "seed group", RUN_FILES if seeds is None else GROUP_FILES)
     from rwinterp.runs import build_model, save_run
-    from rwinterp.tasks import check_population_size, task_from_dict
     from rwinterp.training import TrainingDiverged, check_memory, choose_threads, resolve_device, train
 
     device = resolve_device(args.device)
-    if isinstance(params.get("initial"), list) and len(params["initial"]) == 1:  # a state
-        params["initial"] = _one_state(params["initial"][0], K)
-    task = task_from_dict({"kind": args.task, **params})
-    if train_config.population:  # refuse before building the model
-        check_population_size(task.population_size())
-    kind, options = _model_options(args, task.n_states, task.seq_len)
-    options = OPTIONS[kind].from_dict(options)
+    task, kind, options = build_train_setup(args, params, train_config)
     copies = 1 if seeds is None else len(seeds)
     check_memory(options, task, train_config, device, copies)
     set_threads(args.threads if args.threads is not None else choose_threads(options, task, train_config, copies))
@@ -310,6 +296,36 @@ def _train(args: argparse.Namespace) -> int:
     if args.out is not None:
         print(f"saved run   {args.out}")
     return 0
+
+
+def check_train_options(args: argparse.Namespace) -> tuple[dict[str, Any], TrainConfig]:
+    """The task's parameters and the training config that ``train``'s options (parsed into ``args``) give,
+    checked, with the model's options where the task's sizes are known, before anything heavy loads (a
+    task that fixes its own sizes, the QA tasks, has its model checked by :func:`build_train_setup`)."""
+    train_config = _train_config(args)
+    params = _task_params(args)
+    K = params.get("K", (params.get("rows") or 0) * (params.get("cols") or 0) or None)
+    N = params.get("N")
+    if K is not None and N is not None:
+        _model_options(args, K, N)
+    return params, train_config
+
+
+def build_train_setup(args: argparse.Namespace, params: dict[str, Any], train_config: TrainConfig
+                      ) -> tuple[Any, str, Any]:
+    """The task, the model kind and the model's options (a :class:`DeepOptions` or :class:`BridgeOptions`) that
+    ``train``'s options give, from :func:`check_train_options`' results."""
+    from rwinterp.tasks import check_population_size, task_from_dict
+
+    params = dict(params)
+    K = params.get("K", (params.get("rows") or 0) * (params.get("cols") or 0) or None)
+    if isinstance(params.get("initial"), list) and len(params["initial"]) == 1:  # a state
+        params["initial"] = _one_state(params["initial"][0], K)
+    task = task_from_dict({"kind": args.task, **params})
+    if train_config.population:  # refuse before building the model
+        check_population_size(task.population_size())
+    kind, options = _model_options(args, task.n_states, task.seq_len)
+    return task, kind, OPTIONS[kind].from_dict(options)
 
 
 def _train_seeds(args: argparse.Namespace, kind: str, options: Any, task: Any, train_config: TrainConfig,
