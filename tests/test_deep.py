@@ -414,6 +414,7 @@ def test_save_and_load_give_identical_outputs(tmp_path, second_order):
     assert run.task.to_dict() == task.to_dict() and run.history == result.history
 
 
+@pytest.mark.slow  # a fresh Python process imports torch and TransformerLens
 def test_cli_trains_a_deep_model_on_a_chain_and_a_fresh_process_loads_it(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["train", "--model", "deep", "--layers", "2", "--residual", "--task", "persistent", "--K", "5",

@@ -142,6 +142,7 @@ def test_a_write_killed_outright_is_cleaned_by_the_next(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [alive.name, "run"]
 
 
+@pytest.mark.slow  # a reproduction (its worker pool) and a training run
 def test_output_directories_take_the_umask_like_runs_and_reports(tmp_path, capsys):
     mask = os.umask(0o022)
     os.umask(mask)

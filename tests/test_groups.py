@@ -126,8 +126,9 @@ def test_group_values_are_the_single_run_probes_and_the_mean_their_average(probe
         assert score["values"] == [f[key] for f in flats], key
         assert score["mean"] == math.fsum(score["values"]) / 3, key
         assert_close(score["mean"], sum(f[key] for f in flats) / 3, what=key)
-        lo, hi = score["interval"]
-        assert min(score["values"]) <= lo <= score["mean"] <= hi <= max(score["values"]), key
+        lo, hi = score["interval"]  # a resample's mean of equal values may differ from them in the last bit
+        slack = 1e-12 * max(abs(v) for v in score["values"])
+        assert min(score["values"]) - slack <= lo <= score["mean"] <= hi <= max(score["values"]) + slack, key
     head = group["scores"]["heads"]["L0H0"]
     for name in ("previous_token", "induction", "self", "parent"):
         assert head[name]["values"] == [f[f"heads.L0H0.{name}"] for f in flats], name

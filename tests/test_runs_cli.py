@@ -312,6 +312,7 @@ def test_console_module_reports_one_line_errors():
     assert proc.returncode == 2 and proc.stderr.strip() == "rwinterp: error: p must be a number in [0, 1], got 2.0"
 
 
+@pytest.mark.slow  # a fresh Python process imports torch and TransformerLens
 def test_a_reader_that_stops_reading_ends_the_command_quietly():
     """Output piped into a reader that has closed the pipe (``| head``) ends the command with status 1
     and nothing on stderr, not with an error about the pipe."""
@@ -339,6 +340,7 @@ def test_signals_ignored_at_start_stay_ignored(capsys):
     capsys.readouterr()
 
 
+@pytest.mark.slow  # a fresh Python process imports torch and TransformerLens
 def test_a_command_started_with_ctrl_c_ignored_runs_through_it_to_completion(tmp_path):
     """The command line started with SIGINT ignored, as a shell starts a background job, and sent SIGINT
     every 20 ms from start to end (start-up, imports, training, saving): it finishes as if nothing came."""
