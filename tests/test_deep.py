@@ -193,6 +193,19 @@ class LargestTensor(TorchDispatchMode):
         return out
 
 
+def with_and_without(model, tokens, hooks):
+    """Logits, every parameter's gradient of ``sum(logits^2)`` and the :class:`LargestTensor` record, first with
+    no hook, then with ``hooks``."""
+    runs = []
+    for fwd_hooks in ([], hooks):
+        model.zero_grad()
+        with LargestTensor() as largest:
+            logits = model.run_with_hooks(tokens, fwd_hooks=fwd_hooks)
+            logits.pow(2).sum().backward()
+        runs.append((logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}, largest))
+    return runs
+
+
 @pytest.mark.parametrize("options", [
     {},
     {"n_layers": 2, "n_heads": 2, "residual": True},
@@ -217,16 +230,9 @@ def test_query_mode_without_the_stream_gives_the_streams_outputs_and_gradients(o
         cfg = DeepConfig.paper(K, pos_dim=24, **options)
     model = DeepTransformer(cfg)
     tokens = CircleWalk(K, 0.7, N).sample(B, 3).tokens
-    runs = []
-    for hooks in ([], [("blocks.0.hook_resid_pre", lambda act, hook: act)]):
-        model.zero_grad()
-        with LargestTensor() as largest:
-            logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
-            logits.pow(2).sum().backward()
-        runs.append((logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters()},
-                     largest.numel))
-    (implicit, grads, implicit_numel), (stream, stream_grads, stream_numel) = runs
-    assert 0 < implicit_numel < B * (N - 1) * cfg.d_model / 2 < B * N * cfg.d_model <= stream_numel
+    (implicit, grads, small), (stream, stream_grads, large) = with_and_without(
+        model, tokens, [("blocks.0.hook_resid_pre", lambda act, hook: act)])
+    assert 0 < small.numel < B * (N - 1) * cfg.d_model / 2 < B * N * cfg.d_model <= large.numel
     assert stream.abs().max() > 0.1 and implicit.shape == stream.shape == (B, 1, K)
     assert_close(implicit, stream)
     assert set(grads) == set(stream_grads) and len(grads) >= 2
@@ -244,17 +250,10 @@ def test_fused_causal_attention_gives_the_explicit_paths_outputs_and_gradients(a
     cfg = DeepConfig.standard(K, N, n_layers=2, n_heads=2, d_model=8, attn_scale=attn_scale, seed=4)
     model = DeepTransformer(cfg)
     tokens = CircleWalk(K, 0.7, N).sample(B, 3).tokens
-    runs = []
-    for hooks in ([], [(f"blocks.{l}.attn.hook_pattern", lambda act, hook: act) for l in range(2)]):
-        model.zero_grad()
-        with LargestTensor() as largest:
-            logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
-            logits.pow(2).sum().backward()
-        runs.append((logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters()},
-                     largest.shapes))
-    (fused, grads, fused_shapes), (explicit, explicit_grads, explicit_shapes) = runs
+    (fused, grads, fused_run), (explicit, explicit_grads, explicit_run) = with_and_without(
+        model, tokens, [(f"blocks.{l}.attn.hook_pattern", lambda act, hook: act) for l in range(2)])
     pattern = (B, 2, N, N)
-    assert pattern in explicit_shapes and pattern not in fused_shapes
+    assert pattern in explicit_run.shapes and pattern not in fused_run.shapes
     assert explicit.abs().max() > 0.1
     assert_close(fused, explicit)
     for name, grad in grads.items():
