@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 K, N, LR, BATCH = 3, 64, 5e-3, 64
-ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 PEER_LINE = re.compile(r"train (?P<seconds>[\d.]+)s .*test loss (?P<test_loss>[\d.]+) uniform [\d.]+ "
                        r"unigram (?P<unigram>[\d.]+) bigram (?P<bigram>[\d.]+)")
 
@@ -46,7 +46,7 @@ def ours(kind: str, steps: int, seed: int) -> dict:
     from rwinterp.config import standard_options
     from rwinterp.icl import InContextChain
     from rwinterp.runs import build_model
-    from rwinterp.training import TrainConfig, make_data, train
+    from rwinterp.training import TrainConfig, held_out_data, train
 
     task = InContextChain(K, N)
     shape = {"n_states": K, "n_ctx": N, "n_layers": 2, "n_heads": 1, "seed": seed}
@@ -58,7 +58,7 @@ def ours(kind: str, steps: int, seed: int) -> dict:
     model = build_model(kind, model_config)
     result = train(model, task, config, progress=False)
     seconds = time.perf_counter() - start
-    _, test = make_data(task, config)
+    test = held_out_data(task, config)
     refs = task.reference_losses(test.states)
     return {"seconds": seconds, "test_loss": result.history[-1]["test_loss"], "unigram": refs["unigram"],
             "bigram": refs["bigram"], "model": type(model).__name__}

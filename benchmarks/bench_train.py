@@ -130,7 +130,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--theory-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(1)  # what rwinterp.training.choose_threads picks for these sizes
+    torch.set_num_threads(1)  # one thread for every part (choose_threads picks it for the Fig 4 sizes only)
     if args.theory_only:
         print(json.dumps(theory_regime()))
         return

@@ -26,6 +26,7 @@ from torch import Tensor
 from probes.circuits import KeyPathResult, path_patching_through_keys
 from probes.config import ProbeConfig
 from probes.patching import Sweep, _require_choice, sweep
+from probes.targets import head_name
 from rwinterp.tasks import Batch, Task
 
 __all__ = ["HeadAblationResult", "HeadPatchingResult", "KeyPathResult", "head_ablation", "head_patching",
@@ -54,7 +55,7 @@ class HeadAblationResult:
     def scores(self) -> dict[str, dict[str, Any]]:
         """``{"L0H0": {"ablation_loss_increase": x, "ablation_ci": [lo, hi]}, ...}``."""
         L, H = self.loss_increase.shape
-        return {f"L{l}H{h}": {"ablation_loss_increase": float(self.loss_increase[l, h]),
+        return {head_name(l, h): {"ablation_loss_increase": float(self.loss_increase[l, h]),
                               "ablation_ci": [float(self.ci_low[l, h]), float(self.ci_high[l, h])]}
                 for l in range(L) for h in range(H)}
 

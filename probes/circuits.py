@@ -83,7 +83,7 @@ from probes.patching import (
     unpatched_metric,
 )
 from probes.stats import point_weights, wmean
-from probes.targets import evaluating, targets_for
+from probes.targets import evaluating, head_name, targets_for
 from rwinterp.errors import require
 from rwinterp.tasks import Batch, Task
 
@@ -149,16 +149,10 @@ class EdgeScores:
             out.append(row)
         return out
 
-    def score_of(self, name: str) -> float:
-        """The score of the edge called ``writer->reader``."""
-        names = [e.name for e in self.edges]
-        require(name in names, f"no edge {name!r} in the graph")
-        return float(self.scores()[names.index(name)])
-
 
 def _role(roles: dict[str, str], node: Node) -> Optional[str]:
     if node.kind in ("head", "q", "k", "v"):
-        return roles.get(f"L{node.layer}H{node.head}")
+        return roles.get(head_name(node.layer, node.head))
     return None
 
 

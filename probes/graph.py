@@ -38,7 +38,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from probes.targets import hook_names, model_dims, require_hooks
+from probes.targets import head_name, hook_names, model_dims, require_hooks
 from rwinterp.errors import RwinterpError, require
 
 #: Hook names of the graph's activations.
@@ -54,10 +54,6 @@ QKV = {"q": "blocks.{layer}.attn.hook_q", "k": "blocks.{layer}.attn.hook_k", "v"
 
 #: Relative size of a residual, against the activation it should reproduce, that counts as a match.
 TOLERANCE = 1e-4
-
-
-def head_name(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
 
 
 @dataclass(frozen=True)
@@ -203,13 +199,6 @@ class Structure:
         if reader.kind == "mlp":
             return self.weights["W_in"][reader.layer]
         return None
-
-    def into_reader(self, delta: Float[Tensor, "batch pos d_model"], reader: Node, hook_rows: int) -> Tensor:
-        """A change of the stream at every position, as the change of ``reader``'s hook activation
-        (its last ``hook_rows`` rows; a head's q/k/v for that head only: ``[batch, rows, d]``)."""
-        delta = delta[:, delta.shape[1] - hook_rows:]
-        matrix = self.reader_matrix(reader)
-        return delta if matrix is None else delta @ matrix
 
 
 def _weights(model: Any, n_layers: int, n_heads: int) -> dict[str, Tensor]:

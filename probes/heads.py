@@ -54,7 +54,8 @@ from transformer_lens.utilities.statistics import derive_generator
 
 from probes.config import ProbeConfig
 from probes.stats import bootstrap_interval, bootstrap_weights, point_weights, wmean
-from probes.targets import Layout, Targets, evaluating, model_dims, require_hooks, run_logits, targets_for
+from probes.targets import (Layout, Targets, evaluating, head_name, model_dims, require_hooks, run_logits,
+                            targets_for)
 from rwinterp.errors import require
 from rwinterp.tasks import Batch, Task
 
@@ -65,10 +66,6 @@ SCORES = ("previous_token", "induction", "self", "parent")
 ROLE_NAMES = {"previous_token": "previous-token", "induction": "induction", "self": "self", "parent": "parent"}
 #: A head is named for a score at least this share of the way from the chance level to 1 (module docstring).
 ROLE_LIFT = 0.3
-
-
-def head_label(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
 
 
 # ------------------------------------------------------------------------------ the pure part
@@ -159,7 +156,7 @@ class HeadResult:
             value = num / den[:, None, None]
             for l in range(self.n_layers):
                 for h in range(self.n_heads):
-                    out[f"{head_label(l, h)}.{name}"] = value[:, l, h]
+                    out[f"{head_name(l, h)}.{name}"] = value[:, l, h]
             out[f"chance.{name}"] = (w @ self.chance[name]) / den
         return out
 
@@ -169,7 +166,7 @@ class HeadResult:
     def table(self, name: str) -> Float[Tensor, "layer head"]:
         """One score of every head, ``[layer, head]`` (point estimates)."""
         s = self.scores()
-        return torch.tensor([[s[f"{head_label(l, h)}.{name}"] for h in range(self.n_heads)]
+        return torch.tensor([[s[f"{head_name(l, h)}.{name}"] for h in range(self.n_heads)]
                              for l in range(self.n_layers)], dtype=torch.float64)
 
 
@@ -274,7 +271,7 @@ class HeadTable:
         ``"L1H0"`` to the loss increase (nats) of ablating that head, a number or ``(value, low, high)``."""
         parts = []
         for l, h in self.heads():
-            label = head_label(l, h)
+            label = head_name(l, h)
             roles = self.roles(l, h)
             if roles:
                 text = f"{label} " + "; also ".join(self._phrase(name, l, h) for name in roles)
@@ -300,7 +297,7 @@ class HeadTable:
 
         out: dict[str, Any] = {}
         for l, h in self.heads():
-            label = head_label(l, h)
+            label = head_name(l, h)
             entry: dict[str, Any] = {}
             for name in SCORES:
                 entry[name] = float(self.value[name][l, h])
@@ -342,7 +339,7 @@ def head_table(trained: HeadResult, baselines: Sequence[HeadResult] = (),
         draws = trained.summary(w)
 
     def grid(values: dict[str, Tensor], name: str, row: int = 0) -> Tensor:
-        return torch.tensor([[float(values[f"{head_label(l, h)}.{name}"][row]) for h in range(H)]
+        return torch.tensor([[float(values[f"{head_name(l, h)}.{name}"][row]) for h in range(H)]
                              for l in range(L)], dtype=torch.float64)
 
     def intervals(name: str, sample: Optional[dict[str, Tensor]], centre: Tensor) -> Tensor:
@@ -350,7 +347,7 @@ def head_table(trained: HeadResult, baselines: Sequence[HeadResult] = (),
         if sample is not None:
             for l in range(L):
                 for h in range(H):
-                    out[l, h] = torch.tensor(bootstrap_interval(sample[f"{head_label(l, h)}.{name}"],
+                    out[l, h] = torch.tensor(bootstrap_interval(sample[f"{head_name(l, h)}.{name}"],
                                                                 float(centre[l, h]), config.confidence))
         return out
 
@@ -383,7 +380,7 @@ def head_table(trained: HeadResult, baselines: Sequence[HeadResult] = (),
     for n in SCORES:
         for l in range(L):
             for h in range(H):
-                key = f"{head_label(l, h)}.{n}"
+                key = f"{head_name(l, h)}.{n}"
                 rand = (torch.stack([d[key] for d in base_draws], 1) * seed_w).sum(1)  # [draws]
                 table.random_interval[n][l, h] = torch.tensor(bootstrap_interval(
                     rand, float(table.random[n][l, h]), config.confidence))
@@ -424,7 +421,7 @@ class CompositionResult:
     def flat(self) -> dict[str, float]:
         """``"{mode}.L{l}H{h}->L{l2}H{h2}"`` for every pair with ``l < l2``."""
         L, H = self.K.shape[:2]
-        return {f"{mode}.{head_label(a, i)}->{head_label(b, j)}": float(getattr(self, mode)[a, i, b, j])
+        return {f"{mode}.{head_name(a, i)}->{head_name(b, j)}": float(getattr(self, mode)[a, i, b, j])
                 for mode in ("Q", "K", "V") for a in range(L) for i in range(H)
                 for b in range(a + 1, L) for j in range(H)}
 

@@ -287,7 +287,8 @@ def patching_probe(model: Any, task: Task, data: Batch, config: ProbeConfig = Pr
     """Patch clean activations into runs on independent corrupted walks (see the module docstring).
 
     ``method``: ``exact``, or ``atp``/``atp*`` for attribution patching's estimate of every patched run
-    (:func:`attribution_patching_probe`), returned in the same result.
+    (each patched run's logit difference estimated as ``LD_corrupted + (a_clean - a_corrupted) . dLD/da`` at
+    the corrupted run, with AtP*'s query-key fix on the position sweeps for ``atp*``), returned in the same result.
     A pure function of (model, task, data, config): the model's weights and mode are untouched.
     """
     _require_choice(method, METHODS, "patching method")
@@ -301,14 +302,6 @@ def patching_probe(model: Any, task: Task, data: Batch, config: ProbeConfig = Pr
         result.cost = Cost(forward=runs + 2 + 2 * len(_parent_groups(targets_for(model, task, data[:2], config.kind))))
     result.cost.seconds = time.perf_counter() - start
     return result
-
-
-def attribution_patching_probe(model: Any, task: Task, data: Batch, config: ProbeConfig = ProbeConfig(),
-                               method: str = "atp") -> PatchingResult:
-    """:func:`patching_probe` by attribution patching: the same sweeps and scores, each patched run's
-    logit difference estimated as ``LD_corrupted + (a_clean - a_corrupted) . dLD/da`` at the corrupted run
-    (one backward pass per prediction), with AtP*'s query-key fix on the position sweeps for ``atp*``."""
-    return patching_probe(model, task, data, config, method)
 
 
 def _patching(model: Any, task: Task, data: Batch, config: ProbeConfig) -> PatchingResult:
@@ -456,8 +449,6 @@ FAMILIES = {
     "z": ("blocks.{layer}.attn.hook_z", 2, 1),
     "pattern": ("blocks.{layer}.attn.hook_pattern", 1, 2),
 }
-#: Families whose change reaches later heads' queries and keys through the residual stream (AtP*).
-WRITES_STREAM = ("resid_pre", "attn_out", "mlp_out", "z")
 #: Largest activation, in elements, that one stacked forward pass or attribution chunk may build.
 ELEMENT_BUDGET = 1 << 24
 
@@ -997,7 +988,7 @@ def _query_fix(q: Tensor, k: Tensor, dq: Tensor, p: Tensor, g: Tensor, scale: fl
 
 
 def _atp_patching(model: Any, task: Task, data: Batch, config: ProbeConfig, method: str) -> PatchingResult:
-    """The attribution-patching version of :func:`_patching` (see :func:`attribution_patching_probe`)."""
+    """The attribution-patching version of :func:`_patching` (see :func:`patching_probe`)."""
     from probes.graph import PATTERN, RESID_PRE, inspect_model
 
     clean = targets_for(model, task, data, config.kind)

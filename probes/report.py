@@ -12,7 +12,8 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from probes.heads import ROLE_NAMES, SCORES, HeadTable, TrainingCurve, head_label
+from probes.heads import ROLE_NAMES, SCORES, HeadTable, TrainingCurve
+from probes.targets import head_name
 from probes.scoring import HEADLINE, MEANING, Comparison, RunComparison, Scorecard, direction, nest_scores
 from rwinterp.jsonable import jsonable
 from rwinterp.atomic import atomic_directory as _atomic_directory
@@ -143,7 +144,7 @@ def over_training_json(curve: TrainingCurve) -> dict[str, Any]:
             for name, values in curve.scores.items():
                 entry[name] = values[:, layer, head].tolist()
                 entry[f"{name}_rises_at"] = curve.rise_step(name, layer, head)
-            heads[head_label(layer, head)] = entry
+            heads[head_name(layer, head)] = entry
     return {"steps": curve.steps, "test_loss": curve.test_loss.tolist(), "references": curve.references,
             "chance": curve.chance, "heads": heads}
 
@@ -217,7 +218,7 @@ def _head_section(card: Scorecard, table: Optional[HeadTable], flat: dict[str, f
     for l, h in table.heads():
         for name in SCORES:
             label = ROLE_NAMES[name] + (f" (= {ROLE_NAMES[table.same_as[name]]})" if name in table.same_as else "")
-            row = (f"| {head_label(l, h)} | {label} | {_fmt(float(table.value[name][l, h]))}"
+            row = (f"| {head_name(l, h)} | {label} | {_fmt(float(table.value[name][l, h]))}"
                    f"{_pair(table.interval[name][l, h])} | {_fmt(table.chance[name])} |")
             if random:
                 row += (f" {_fmt(float(table.random[name][l, h]))}{_pair(table.random_interval[name][l, h])} |"

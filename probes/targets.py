@@ -53,6 +53,11 @@ def evaluating(model: torch.nn.Module) -> Iterator[None]:
             module.training = mode
 
 
+def head_name(layer: int, head: int) -> str:
+    """A head's name in reports, JSON and graphs: ``L{layer}H{head}``."""
+    return f"L{layer}H{head}"
+
+
 def hook_names(model: Any) -> set[str]:
     """Names of the hook points a model offers (TransformerLens ``hook_dict``)."""
     hooks = getattr(model, "hook_dict", None)

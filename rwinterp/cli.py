@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from rwinterp.config import (
-    DEVICES, TASK_PARAMETERS, TASKS, BridgeOptions, DeepOptions, TrainConfig, cli_options, defaults, parse_seeds,
-    standard_options, unmet_need,
+    DEVICES, PAPER_VARIANTS, TASK_PARAMETERS, TASKS, BridgeOptions, DeepOptions, TrainConfig, cli_options, defaults,
+    parse_seeds, standard_options, unmet_need,
 )
 from rwinterp.errors import RwinterpError, require
 from rwinterp.jsonable import jsonable
@@ -105,8 +105,7 @@ MODELS = ("paper", "deep", "bridge")
 OPTIONS = {"deep": DeepOptions, "bridge": BridgeOptions}
 PRESETS = ("paper", "standard")
 #: Fields that the paper's model may set and still be the paper's model (``--model paper``).
-PAPER_FIELDS = ("pos_embedding", "pos_dim", "init", "init_sigma", "normalize_tokens", "normalize_query", "token_norm",
-                "mlp_width", "act_fn", "rank_one_query", "seed", "dtype")
+PAPER_FIELDS = PAPER_VARIANTS + ("pos_dim",)
 #: Training defaults that a model needs, where they differ from the paper's (logits, every position).
 NEXT_TOKEN = {"loss": "xent", "next_token": True}
 TASK_SKIP = ("n_states", "n_ctx")

@@ -717,6 +717,8 @@ def refuse_position_patching(model: "DeepTransformer") -> None:
         query_only = set()
     elif model.cfg.rank_one:
         query_only |= {"resid_mid", "resid_post"}
+    if not query_only:  # a causal model holds every position: nothing to refuse, no frames to walk
+        return
     frame = sys._getframe(2)
     while frame is not None:
         if frame.f_globals.get("__name__") == "transformer_lens.patching":

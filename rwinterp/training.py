@@ -536,7 +536,8 @@ def _fit(
         evaluate = step % config.evaluation_interval == 0 or step == config.steps
         loss = None
         if evaluate or full_batch:
-            out = trainees.forward(train_all, patterns=True)
+            with torch.set_grad_enabled(full_batch):  # a mini-batch step backpropagates its own batch, not this
+                out = trainees.forward(train_all, patterns=True)
             loss = out.loss
             loss_values = trainees.values(loss)
             for i in list(live):

@@ -54,6 +54,20 @@ def test_patching_sweeps_a_query_slot_model_cannot_take_are_refused_at_their_fir
         == (1, 9)
 
 
+@pytest.mark.parametrize("sweep", ["get_act_patch_block_every", "get_act_patch_attn_head_by_pos_every"])
+def test_a_causal_model_holds_every_position_and_takes_the_every_position_sweeps(sweep):
+    """Only a model attending from the query slot lacks positions; a causal one is patched like any
+    HookedTransformer, and its results have a value for every position."""
+    from rwinterp.model import DeepConfig, DeepTransformer
+
+    task = CircleWalk(5, 0.7, 6)
+    model = DeepTransformer(DeepConfig.standard(5, 6, n_layers=1, n_heads=2, d_model=8, mlp_width=8, seed=1)).eval()
+    clean, corrupted = task.sample(4, 1), task.sample(4, 2)
+    _, cache = model.run_with_cache(clean.tokens)
+    result = getattr(tl_patching, sweep)(model, corrupted.tokens, cache, lambda logits: logits[:, -1, 0].mean())
+    assert 6 in result.shape and torch.isfinite(result).all() and result.abs().max() > 0
+
+
 def test_direct_path_patching_is_refused_in_one_line():
     """TransformerLens' direct path patching needs a query, key and value input per head, which the model does
     not split: one line instead of an AttributeError."""
