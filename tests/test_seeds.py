@@ -20,6 +20,7 @@ from rwinterp.tasks import CircleWalk, task_from_dict
 from rwinterp.training import (
     TrainingDiverged, check_memory, choose_threads, make_data, resolve_device, train, train_seeds,
 )
+from tests.conftest import assert_close
 
 SEEDS = (0, 3, 7)
 
@@ -168,11 +169,11 @@ def test_callbacks_and_checkpoints_are_each_seeds():
         assert [s for s, _, _ in seen[i]] == [0, 2, 4] == [s for s, _, _ in steps]
         assert [r for _, r, _ in seen[i]] == results[i].history
         for (_, _, u), (_, _, solo_u) in zip(seen[i], steps):
-            torch.testing.assert_close(u, solo_u, rtol=1e-10, atol=0)
+            assert_close(u, solo_u)
         assert [s for s, _ in results[i].checkpoints] == [s for s, _ in solo.checkpoints] == [0, 2, 4]
         for (_, state), (_, solo_state) in zip(results[i].checkpoints, solo.checkpoints):
             for name in solo_state:
-                torch.testing.assert_close(state[name], solo_state[name], rtol=1e-10, atol=0)
+                assert_close(state[name], solo_state[name], what=name)
 
 
 def test_a_seed_that_diverges_stops_alone():
@@ -256,7 +257,7 @@ def test_a_stack_maps_a_bridge_whose_modules_share_parameters():
     stack = ModelStack(models)
     out = stack.map(lambda model, t: model(t), tokens, in_dims=(0,))
     for i, model in enumerate(models):
-        torch.testing.assert_close(out[i], alone[i], rtol=1e-12, atol=0)
+        assert_close(out[i], alone[i], rtol=1e-12)
         torch.testing.assert_close(model(tokens[i]), alone[i], rtol=0, atol=0)  # the model itself, after the pass
 
 

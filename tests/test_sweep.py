@@ -83,7 +83,7 @@ def test_rerunning_the_same_sweep_reuses_its_runs(inline, tmp_path, capsys):
     assert sweep(out) == 0
     statuses = {(r["point"], r["status"]) for r in table(out)}
     assert statuses == {("p=0.1_K=5", "reused"), ("p=0.1_K=7", "ok"), ("p=0.9_K=5", "reused"),
-                        ("p=0.9_K=7", "reused")} or statuses == {(p, "ok") for p, _ in statuses}
+                        ("p=0.9_K=7", "reused")}
     assert numbers(out) == before
 
 
