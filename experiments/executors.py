@@ -39,7 +39,6 @@ EXECUTORS = ("process", "ray")
 class Executor:
     """What every executor offers (see the module docstring)."""
 
-    name = "executor"
     #: Whether arguments may travel through shared memory (``multiprocessing.reduction.ForkingPickler``):
     #: only between processes this one started.
     shares_memory = False
@@ -69,7 +68,6 @@ class InlineExecutor(Executor):
     """Jobs run in this process, one after the other, as they are submitted (``--jobs 1``), with one torch
     thread (the process's own count is restored at the end)."""
 
-    name = "inline"
 
     def __init__(self) -> None:
         import torch
@@ -99,7 +97,6 @@ class ProcessExecutor(Executor):
     """``jobs`` spawned worker processes with one torch thread each (``threads`` to change it); ``setup``
     (an importable function) runs once in each worker, e.g. to register what its jobs need."""
 
-    name = "process"
     shares_memory = True
 
     def __init__(self, jobs: int, threads: int = 1, setup: Optional[Callable[[], Any]] = None) -> None:
@@ -184,7 +181,6 @@ class RayExecutor(Executor):
     in a worker before each job (Ray reuses its workers).
     """
 
-    name = "ray"
 
     def __init__(self, jobs: Optional[int] = None, address: Optional[str] = None, gpus_per_job: float = 0.0,
                  setup: Optional[Callable[[], Any]] = None) -> None:
@@ -321,12 +317,6 @@ class Janitor:
                 pass
             self.proc.wait()
             self.proc = None
-
-    def __enter__(self) -> "Janitor":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def _process_table() -> dict[int, tuple[int, str]]:

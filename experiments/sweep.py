@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from rwinterp.cli import TRAIN, Command, build_train_setup, check_train_options
+from rwinterp.atomic import atomic_file
 from rwinterp.config import parse_seeds
 from rwinterp.errors import RwinterpError, require
 
@@ -48,6 +49,8 @@ NOT_SETTINGS = {"help", "seeds", "seed", "out", "device", "threads", "json", "no
 SUMMARY_COLUMNS = ("test_accuracy", "train_accuracy", "bayes_accuracy", "parent_attention", "v_distance", "loss",
                    "test_loss", "final_step", "train_seconds")
 STATUSES = ("ok", "failed", "reused")
+#: The error of a job whose worker died: such a job runs again alone before it is reported failed.
+WORKER_DIED = "its worker process died (killed, or out of memory)"
 
 
 # ---------------------------------------------------------------------------------------- settings
@@ -316,19 +319,7 @@ def finished_rows(job: PointJob, out: Path) -> Optional[list[dict[str, Any]]]:
 def write_json_atomic(path: Path, obj: Any) -> None:
     from rwinterp.jsonable import jsonable
 
-    _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(jsonable(obj), indent=1)))
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    from rwinterp.atomic import temporary_sibling
-
-    tmp = temporary_sibling(path)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_file(path, lambda tmp: tmp.write_text(json.dumps(jsonable(obj), indent=1)))
 
 
 def sweep(args: argparse.Namespace, settings: dict[str, argparse.Action]) -> SweepResult:
@@ -455,7 +446,7 @@ def run_jobs(todo: list[PointJob], results: dict[str, list[dict[str, Any]]], out
         except BrokenProcessPool:
             if retry:
                 return False
-            rows = failed_rows(job, "its worker process died (killed, or out of memory)")
+            rows = failed_rows(job, WORKER_DIED)
         except Exception as exc:  # noqa: BLE001  (a failed job is a row of the table)
             exc = getattr(exc, "cause", None) or exc  # (Ray's error wraps the job's own)
             text = str(exc).strip().splitlines()
@@ -475,7 +466,7 @@ def run_jobs(todo: list[PointJob], results: dict[str, list[dict[str, Any]]], out
                 if one_at_a_time:
                     for i, job in enumerate(waiting):
                         finish(job, executor.submit(run_point, job), retry=False)
-                        if results[job.point][0]["error"] == "its worker process died (killed, or out of memory)":
+                        if results[job.point][0]["error"] == WORKER_DIED:
                             lost = waiting[i + 1:]  # (the pool is broken: the rest go to a fresh one)
                             break
                 else:
@@ -520,8 +511,8 @@ def write_table(out: Path, rows: list[dict[str, Any]], columns: list[str]) -> No
             for r in rows:
                 writer.writerow({c: "" if r.get(c) is None else r.get(c) for c in columns})
 
-    _atomic_write(out / "table.csv", csv_file)
-    _atomic_write(out / "table.jsonl", lambda tmp: tmp.write_text(
+    atomic_file(out / "table.csv", csv_file)
+    atomic_file(out / "table.jsonl", lambda tmp: tmp.write_text(
         "".join(json.dumps(jsonable({c: r.get(c) for c in columns})) + "\n" for r in rows)))
     try:
         import pyarrow
@@ -529,7 +520,7 @@ def write_table(out: Path, rows: list[dict[str, Any]], columns: list[str]) -> No
     except ImportError:
         return
     table = pyarrow.Table.from_pylist([jsonable({c: r.get(c) for c in columns}) for r in rows])
-    _atomic_write(out / "table.parquet", lambda tmp: pyarrow.parquet.write_table(table, str(tmp)))
+    atomic_file(out / "table.parquet", lambda tmp: pyarrow.parquet.write_table(table, str(tmp)))
 
 
 def plot(out: Path, rows: list[dict[str, Any]], score: str, against: str, others: list[str]) -> Optional[Path]:
@@ -573,7 +564,7 @@ def plot(out: Path, rows: list[dict[str, Any]], score: str, against: str, others
         ax.legend(fontsize=8)
     fig.tight_layout()
     path = out / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', score)}.png"
-    _atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    atomic_file(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
     return path
 

@@ -21,7 +21,7 @@ import tempfile
 import uuid
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from rwinterp.errors import RwinterpError, require
 
@@ -69,6 +69,18 @@ def _matches(path: Path, pattern: str) -> bool:
 def temporary_sibling(target: Path, what: str = "tmp") -> Path:
     """A fresh, not yet created path beside ``target`` for building it, named after this process."""
     return target.parent / f".{target.name}.{what}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def atomic_file(path: Path, write: Callable[[Path], Any]) -> None:
+    """Write the file ``path`` whole or not at all: ``write(tmp)`` fills a temporary sibling, which then
+    replaces ``path`` in one rename; the sibling is removed if ``write`` fails."""
+    tmp = temporary_sibling(path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def remove_stale(target: Path) -> None:
