@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from experiments.executors import add_executor_options, check_executor_options
 from rwinterp.cli import Command
 
 
@@ -18,13 +19,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
                         help="runs trained at once, in worker processes (default: the number of CPUs, "
                              "at most 8); the numbers do not depend on it")
-    parser.add_argument("--executor", default="process", choices=("process", "ray"),
-                        help="where the runs train: process (this machine's cores, default) or ray (a local Ray "
-                             "instance, or the cluster at --address; docs/sweeps.md)")
-    parser.add_argument("--address", default=None, help="with --executor ray: join this cluster (HOST:PORT of "
-                                                        "`ray start --head`, or auto)")
-    parser.add_argument("--gpus-per-job", type=float, default=None, metavar="F",
-                        help="with --executor ray: the share of a GPU each run asks for (0.25: four per GPU)")
+    add_executor_options(parser, "runs")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
                         help="where the runs train: cpu (default), cuda (an error without a GPU) or auto")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -45,10 +40,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     jobs = args.jobs if args.jobs is not None else min(cpus, 8)
     require(1 <= jobs <= 4 * cpus, f"--jobs must be between 1 and 4 x the {cpus} CPUs, got {jobs}: more workers "
             f"only wait for a CPU, each holding its own copy of torch")
-    require(args.address is None or args.executor == "ray", "--address applies to --executor ray")
-    require(args.gpus_per_job is None or args.executor == "ray", "--gpus-per-job applies to --executor ray")
-    require(args.gpus_per_job is None or 0 < args.gpus_per_job <= 1,
-            f"--gpus-per-job must be in (0, 1], got {args.gpus_per_job}")
+    check_executor_options(args.executor, args.address, args.gpus_per_job)
     rep = reproduce(args.figures, args.out, reduced=args.reduced,
                     progress=False if args.no_progress else None, jobs=jobs, executor=args.executor,
                     address=args.address, device=args.device, gpus_per_job=args.gpus_per_job or 0.0)

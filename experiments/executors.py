@@ -22,6 +22,7 @@ temporary directories it was building.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -34,6 +35,35 @@ from typing import Any, Callable, Optional, Sequence
 from rwinterp.errors import RwinterpError, require
 
 EXECUTORS = ("process", "ray")
+
+
+def add_executor_options(parser: Any, what: str) -> None:
+    """``--executor``, ``--address`` and ``--gpus-per-job`` on ``parser`` (or an argument group); ``what`` runs
+    there ("runs", "jobs")."""
+    parser.add_argument("--executor", default="process", choices=EXECUTORS,
+                        help=f"where the {what} run: process (this machine's cores, default) or ray (a local Ray "
+                             "instance, or the cluster at --address; docs/sweeps.md)")
+    parser.add_argument("--address", default=None, help="with --executor ray: join this cluster (HOST:PORT of "
+                                                        "`ray start --head`, or auto)")
+    parser.add_argument("--gpus-per-job", type=float, default=None, metavar="F",
+                        help=f"with --executor ray: the share of a GPU each of the {what} asks for (0.25: four per "
+                             "GPU)")
+
+
+def check_executor_options(executor: str, address: Optional[str], gpus_per_job: Optional[float]) -> None:
+    """The options of :func:`add_executor_options`, checked together (one-line errors)."""
+    require(executor in EXECUTORS, f"--executor must be one of {', '.join(EXECUTORS)}")
+    require(address is None or executor == "ray", "--address applies to --executor ray")
+    require(gpus_per_job is None or executor == "ray", "--gpus-per-job applies to --executor ray")
+    require(gpus_per_job is None or (math.isfinite(gpus_per_job) and 0 < gpus_per_job <= 1),
+            f"--gpus-per-job must be in (0, 1], got {gpus_per_job}")
+
+
+def require_gpu_share(device: str, executor: str, gpus_per_job: Optional[float]) -> None:
+    """A GPU run on Ray must ask for a share of a GPU: Ray hides the GPUs from a task that asks for none."""
+    require(device == "cpu" or executor != "ray" or bool(gpus_per_job),
+            f"--device {device} with --executor ray needs --gpus-per-job (Ray hides the GPUs from a task that asks "
+            "for none; 0.25 lets four jobs share a GPU)")
 
 
 class Executor:

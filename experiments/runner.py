@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
-from experiments.executors import Executor, Janitor, ProcessExecutor, make_executor
+from experiments.executors import Executor, Janitor, ProcessExecutor, make_executor, require_gpu_share
 from experiments.spec import (QUANTITIES, Check, ClaimResult, FigureSpec, Results, RunResult, RunSpec,
                               StepView)
 from rwinterp.atomic import check_target, publish, remove_stale, temporary_sibling
@@ -305,9 +305,7 @@ def reproduce(ids: Iterable[str], out: str | os.PathLike, reduced: bool = False,
     from rwinterp.training import resolve_device
 
     device = str(resolve_device(device))  # (no GPU for --device cuda: refused now)
-    require(device == "cpu" or executor != "ray" or gpus_per_job > 0,
-            f"--device {device} with --executor ray needs --gpus-per-job (Ray hides the GPUs from a task that asks "
-            "for none)")
+    require_gpu_share(device, executor, gpus_per_job)
     figures = select(discover(), ids)
     runs, names = plan(figures, reduced)
     out = Path(out)

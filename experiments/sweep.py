@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from experiments.executors import add_executor_options
 from rwinterp.cli import TRAIN, Command, build_train_setup, check_train_options
 from rwinterp.atomic import atomic_file
 from rwinterp.config import parse_seeds
@@ -324,7 +325,8 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 def sweep(args: argparse.Namespace, settings: dict[str, argparse.Action]) -> SweepResult:
     """Run the sweep the command line describes (see the module docstring)."""
-    from experiments.executors import EXECUTORS, InlineExecutor, Janitor, make_executor
+    from experiments.executors import (InlineExecutor, Janitor, check_executor_options, make_executor,
+                                       require_gpu_share)
     from rwinterp.atomic import check_target, remove_stale_in
 
     # ---- everything is checked before anything is written
@@ -332,11 +334,7 @@ def sweep(args: argparse.Namespace, settings: dict[str, argparse.Action]) -> Swe
     require(not args.json, "--json does not apply to sweep: its table is OUT/table.jsonl")
     require(args.seed is None, "--seed does not apply to sweep: give the seeds with --seeds (0-4, 0,3,7)")
     require(bool(args.out), "--out DIR is required")
-    require(args.executor in EXECUTORS, f"--executor must be one of {', '.join(EXECUTORS)}")
-    require(args.address is None or args.executor == "ray", "--address applies to --executor ray")
-    require(args.gpus_per_job is None or args.executor == "ray", "--gpus-per-job applies to --executor ray")
-    require(args.gpus_per_job is None or (math.isfinite(args.gpus_per_job) and 0 < args.gpus_per_job <= 1),
-            f"--gpus-per-job must be in (0, 1], got {args.gpus_per_job}")
+    check_executor_options(args.executor, args.address, args.gpus_per_job)
     cpus = os.cpu_count() or 1
     require(args.jobs is None or 1 <= args.jobs <= 4 * cpus, f"--jobs must be between 1 and 4 x the {cpus} CPUs, "
                                                              f"got {args.jobs}")
@@ -364,9 +362,7 @@ def sweep(args: argparse.Namespace, settings: dict[str, argparse.Action]) -> Swe
     from rwinterp.training import resolve_device
 
     device = resolve_device(args.device)  # --device cuda without a GPU: refused here
-    require(device.type == "cpu" or args.executor != "ray" or args.gpus_per_job,
-            f"--device {args.device} with --executor ray needs --gpus-per-job (Ray hides the GPUs from a task that "
-            "asks for none; 0.25 lets four jobs share a GPU)")
+    require_gpu_share(device.type, args.executor, args.gpus_per_job)
     reused = {job.point: finished_rows(job, out) for job in jobs}
     todo = [job for job in jobs if reused[job.point] is None]
     slots = min(len(todo), args.jobs or min(cpus, 8)) or 1
@@ -584,15 +580,9 @@ def _configure(parser: argparse.ArgumentParser) -> None:
                    help="a swept setting and its values (repeat for a product); NAME is a train option without "
                         "its dashes: p, K, N, M, d-model, layers, lr, steps, ...")
     g.add_argument("--spec", metavar="FILE.toml", help="a TOML file with seeds, a [grid] and shared [settings]")
-    g.add_argument("--executor", default="process", choices=("process", "ray"),
-                   help="where jobs run: process (this machine's cores, default) or ray (a local Ray instance, or "
-                        "the cluster at --address)")
-    g.add_argument("--address", default=None, help="with --executor ray: join this cluster (HOST:PORT of `ray start "
-                                                    "--head`, or auto)")
     g.add_argument("--jobs", type=int, default=None, help="jobs at once (default: the CPUs, at most 8; 1: in this "
                                                           "process)")
-    g.add_argument("--gpus-per-job", type=float, default=None, metavar="F",
-                   help="with --executor ray: the share of a GPU each job asks for (0.25: four jobs per GPU)")
+    add_executor_options(g, "jobs")
     g.add_argument("--probe", action="store_true", help="probe every run (scorecard) and add its scores to the table")
     g.add_argument("--walks", type=int, default=None, help="with --probe: probe on the first N test walks")
     g.add_argument("--plot", default=None, metavar="SCORE",

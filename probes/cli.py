@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from rwinterp.cli import Command, print_json
 from rwinterp.errors import RwinterpError, require
@@ -73,7 +73,7 @@ def _load(path: str, args: argparse.Namespace) -> tuple[Any, Any]:
     require(args.walks is None or args.walks <= len(data),
             f"--walks {args.walks}, but {path} has {len(data)} test {name}s")
     data = restrict(data, args.walks)
-    if args.gradient_walks is not None:
+    if getattr(args, "gradient_walks", None) is not None:
         require(data.weights is None, f"--gradient-walks does not apply to {path}: its test data is the whole "
                                       f"population, and every {name} of it is attributed")
         require(args.gradient_walks <= len(data),
@@ -81,16 +81,17 @@ def _load(path: str, args: argparse.Namespace) -> tuple[Any, Any]:
     return run, data
 
 
-def _check_out(path: str, runs: Sequence[str]) -> None:
+def _check_out(path: str, runs: Sequence[str], what: str = "report", files: Optional[Sequence[str]] = None) -> None:
     """A bad --out is refused before any probing, and so is one inside a run directory (the run
-    would then hold what a run does not, and could not be replaced by training again)."""
+    would then hold what a run does not, and could not be replaced by training again). ``what`` and
+    ``files`` name what the directory holds (default: a probe report)."""
     from probes.report import REPORT_FILES
     from rwinterp.atomic import check_target
 
-    target = check_target(path, "report", REPORT_FILES).resolve()
+    target = check_target(path, what, REPORT_FILES if files is None else files).resolve()
     for run in runs:
         require(run == "" or not target.is_relative_to(Path(run).resolve()),
-                f"--out {path} lies inside the run directory {run}; write the report elsewhere")
+                f"--out {path} lies inside the run directory {run}; write the {what} elsewhere")
 
 
 def _probe(args: argparse.Namespace) -> int:
@@ -401,22 +402,14 @@ def _circuit(args: argparse.Namespace) -> int:
     require(steps >= 1, f"--ig-steps must be >= 1, got {steps}")
     require(args.verify >= 0, f"--verify must be >= 0, got {args.verify}")
     require(args.walks is None or args.walks >= 2, f"--walks must be >= 2, got {args.walks}")
-    from rwinterp.atomic import atomic_directory, check_target
+    from rwinterp.atomic import atomic_directory
 
-    check_target(args.out, "circuit", CIRCUIT_FILES)
-    require(not Path(args.out).resolve().is_relative_to(Path(args.run).resolve()),
-            f"--out {args.out} lies inside the run directory {args.run}; write the circuit elsewhere")
+    _check_out(args.out, [args.run], "circuit", CIRCUIT_FILES)
     roles = _roles(args.roles)
     from probes.circuits import circuit
     from probes.config import ProbeConfig
-    from probes.targets import restrict, run_test_walks
-    from rwinterp.runs import load_run
 
-    run = load_run(args.run)
-    data = run_test_walks(run)
-    require(args.walks is None or args.walks <= len(data),
-            f"--walks {args.walks}, but {args.run} has {len(data)} test {run.task.sample_name}s")
-    data = restrict(data, args.walks)
+    run, data = _load(args.run, args)
     config = ProbeConfig(seed=args.seed, progress=False if (args.no_progress or args.json) else None)
     result = circuit(run.model, run.task, data, args.method, args.top, args.threshold, args.ablation, "loss", steps,
                      args.verify, roles=roles, config=config, graph=args.graph)

@@ -177,15 +177,16 @@ def head_probe(model: Any, task: Task, data: Batch, config: ProbeConfig = ProbeC
     """
     with evaluating(model):
         targets = targets_for(model, task, data, config.kind)
-        return _head_result(model, targets, data.weights)
+        return _head_result(model, targets, data.weights)[0]
 
 
-def _head_result(model: Any, targets: Targets, weights: Tensor | None) -> HeadResult:
+def _head_result(model: Any, targets: Targets, weights: Tensor | None) -> tuple[HeadResult, Tensor]:
+    """Every head's scores on ``targets``, and the logits of the same forward pass."""
     n_layers, _ = model_dims(model)
     names = [PATTERN.format(layer=l) for l in range(n_layers)]
     require_hooks(model, names, "per-head")
     with torch.no_grad():
-        _, cache = model.run_with_cache(targets.inputs, names_filter=names)
+        logits, cache = model.run_with_cache(targets.inputs, names_filter=names)
     rows = torch.stack([_rows(cache[name], targets) for name in names])  # [L, B, H, pred, pos]
     rows = rows.transpose(1, 2)  # [L, H, B, pred, pos]
     masks = score_masks(targets.inputs, targets.layout())
@@ -197,7 +198,7 @@ def _head_result(model: Any, targets: Targets, weights: Tensor | None) -> HeadRe
                 same_as[name] = other
                 break
     return HeadResult(layout=targets.layout(), weights=weights, inputs=targets.inputs, mass=mass, count=count,
-                      chance=chance, same_as=same_as)
+                      chance=chance, same_as=same_as), logits
 
 
 def _rows(pattern: Float[Tensor, "batch head q pos"], targets: Targets) -> Float[Tensor, "batch head pred pos"]:
@@ -464,7 +465,12 @@ def next_token_loss(model: Any, task: Task, data: Batch, kind: Optional[str] = N
     :func:`rwinterp.icl.reference_losses` averages), at the query slot for a query-slot model."""
     with evaluating(model):
         targets = targets_for(model, task, data, kind)
-        logits = run_logits(model, targets.inputs).to(torch.float64)
+        return _loss_of(run_logits(model, targets.inputs), task, targets, data)
+
+
+def _loss_of(logits: Float[Tensor, "batch lpos vocab"], task: Task, targets: Targets, data: Batch) -> float:
+    """:func:`next_token_loss` from the model's logits on ``targets.inputs``."""
+    logits = logits.to(torch.float64)
     K = task.n_states
     if targets.kind == "autoregressive":
         scores, labels = logits[:, : task.seq_len - 1, :K], targets.inputs[:, 1:]
@@ -515,8 +521,8 @@ def heads_over_training(checkpoints: Iterable[tuple[int, Any]], task: Task, data
         with evaluating(model):
             targets = targets_for(model, task, data, kind)
             kind = targets.kind
-            result = _head_result(model, targets, data.weights)
-        losses.append(next_token_loss(model, task, data, kind))
+            result, logits = _head_result(model, targets, data.weights)  # (one forward pass for both)
+        losses.append(_loss_of(logits, task, targets, data))
         steps.append(int(step))
         for n in SCORES:
             per[n].append(result.table(n))

@@ -47,9 +47,8 @@ from transformer_lens.model_bridge import TransformerBridge
 from transformer_lens.model_bridge.sources import native  # noqa: F401  (registers boot_native)
 
 from rwinterp.config import BridgeOptions
+from rwinterp.model import resolve_dtype
 from rwinterp.runs import register_model_kind
-
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def build_bridge(options: BridgeOptions | dict[str, Any], device: str | torch.device = "cpu") -> TransformerBridge:
@@ -57,7 +56,7 @@ def build_bridge(options: BridgeOptions | dict[str, Any], device: str | torch.de
     weights. The options travel with the model as ``model.rwinterp_options``."""
     if isinstance(options, dict):
         options = BridgeOptions.from_dict(options)
-    dtype = _DTYPES[options.dtype]
+    dtype = resolve_dtype(options.dtype)
     cfg = TransformerBridgeConfig(
         d_vocab=options.n_states, n_ctx=options.n_ctx, d_model=options.d_model, d_head=options.head_width,
         n_layers=options.n_layers, n_heads=options.n_heads, attn_only=options.attn_only, d_mlp=4 * options.d_model,

@@ -22,6 +22,7 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+import rwinterp
 from rwinterp.config import (
     DEVICES, PAPER_VARIANTS, TASK_PARAMETERS, TASKS, BridgeOptions, DeepOptions, TrainConfig, cli_options, defaults,
     parse_seeds, standard_options, unmet_need,
@@ -532,19 +533,10 @@ def commands() -> dict[str, Command]:
     return found
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("rwinterp")
-    except PackageNotFoundError:  # (run from a source tree that was not installed)
-        return "unknown"
-
-
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = Parser(prog="rwinterp", description="Train small transformers on Markov chains and probe how they "
                                                  "implement them.")
-    parser.add_argument("--version", action="version", version=f"rwinterp {_version()}")
+    parser.add_argument("--version", action="version", version=f"rwinterp {rwinterp.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     parsers = {}
     for name, command in commands().items():

@@ -420,6 +420,7 @@ class BridgeOptions(Config):
 
 # ---------------------------------------------------------------------------------------- training
 OPTIMIZERS = ("gd", "sgd", "adamw")
+LR_SCHEDULES = ("constant", "cosine")
 REDUCTIONS = ("mean", "sum")
 LOSSES = ("log", "xent", "squared")
 
@@ -436,6 +437,8 @@ class TrainConfig(Config):
                        choices=LOSSES)
     optimizer: str = option("gd", "gd: full-batch gradient descent (the paper's); sgd or adamw", choices=OPTIMIZERS)
     batch_size: Optional[int] = option(None, "mini-batch size (sgd, adamw; default the full batch)")
+    lr_schedule: str = option("constant", "the learning rate at every step, or decayed from lr to 0 over the steps "
+                              "along a half cosine: lr (1 + cos(pi t / steps)) / 2 at step t", choices=LR_SCHEDULES)
     weight_decay: float = option(0.0, "shrink the weights by lr x this each step (gd, sgd: coupled; adamw: "
                                  "decoupled)")
     n_train: int = option(1000, "training samples (walks, sentences, sequences)")
@@ -454,12 +457,16 @@ class TrainConfig(Config):
     what: ClassVar[str] = "training config"
 
     @property
+    def full_batch(self) -> bool:
+        """Whether every step uses all the training samples (gradient descent, or no batch size)."""
+        return self.optimizer == "gd" or self.batch_size is None
+
+    @property
     def evaluation_interval(self) -> int:
         """The steps between two evaluations: ``eval_every``, or its default (see the option)."""
         if self.eval_every is not None:
             return self.eval_every
-        full_batch = self.optimizer == "gd" or self.batch_size is None
-        return 1 if full_batch else max(1, self.steps // 100)
+        return 1 if self.full_batch else max(1, self.steps // 100)
 
     def __post_init__(self) -> None:
         require(_is_number(self.lr) and self.lr > 0, f"lr must be positive and finite, got {self.lr!r}")
@@ -467,6 +474,7 @@ class TrainConfig(Config):
         require_int(self.steps, "steps", 0, MAX_STEPS)
         require_choice(self.loss, "loss", LOSSES)
         require_choice(self.optimizer, "optimizer", OPTIMIZERS)
+        require_choice(self.lr_schedule, "lr schedule", LR_SCHEDULES)
         require_choice(self.reduction, "reduction", REDUCTIONS)
         if self.batch_size is not None:
             require_int(self.batch_size, "batch size", 1)

@@ -234,8 +234,9 @@ class InContextChain(Task):
 
         Vectorised over sequences: numpy draws the rows (``Generator.dirichlet``, which stays exact for
         small concentrations) and one uniform per state; the next state for every context at every step
-        is the inverse cdf of its row at that step's uniform, a table built in one comparison; the walk
-        then follows the table, one gather per step.
+        is the inverse cdf of its row at that step's uniform (the count of the row's first K - 1 cumulative
+        sums at or below it), a table built by K - 1 comparisons; the walk then follows the table, one
+        lookup per step.
         """
         require(isinstance(n, int) and not isinstance(n, bool) and n >= 1,
                 f"the number of samples must be >= 1, got {n!r}")
@@ -245,22 +246,26 @@ class InContextChain(Task):
         rng = np.random.default_rng(seed)
         transitions = rng.dirichlet(np.full(K, self.concentration), size=(n, rows))  # [n, K^k, K]
         uniforms = rng.random((n, N))
-        cdf = transitions.cumsum(-1)
-        cdf[..., -1] = np.inf  # never past the last state through round-off
+        cdf = transitions.cumsum(-1)  # (its last column, 1 up to round-off, is never compared with)
         first = np.minimum((uniforms[:, :k] * K).astype(np.int64), K - 1)
         context = first @ (K ** np.arange(k - 1, -1, -1))
         shift = (np.arange(rows) % (rows // K)) * K  # a context's last k-1 states, moved up one place
         states = np.empty((n, N), dtype=np.int64)
         states[:, :k] = first
-        walk = np.arange(n)
         step = max(1, _CHUNK_ELEMENTS // (n * rows * K))
         for lo in range(k, N, step):
             hi = min(N, lo + step)
-            nxt = (uniforms[:, lo:hi, None, None] >= cdf[:, None]).sum(-1)  # [n, steps, K^k]
+            # each context's successor at each step (its last k-1 states and the drawn one), flat; a walk's
+            # next context is one lookup, and its state the last digit of that context
+            successor = np.broadcast_to(shift, (n, hi - lo, rows)).copy()
+            for j in range(K - 1):  # (the inverse cdf: the count of cdf values at or below the uniform)
+                successor += uniforms[:, lo:hi, None] >= cdf[:, None, :, j]
+            successor = successor.reshape(-1)
+            at = np.arange(n)[:, None] * ((hi - lo) * rows) + np.arange(hi - lo) * rows  # [n, steps]
             for t in range(lo, hi):
-                s = nxt[walk, t - lo, context]
-                states[:, t] = s
-                context = shift[context] + s
+                context = successor.take(at[:, t - lo] + context)
+                states[:, t] = context
+        states[:, k:] %= K
         batch = self.batch_from_states(torch.from_numpy(states))
         return batch, torch.from_numpy(transitions).reshape([n] + [K] * (k + 1))
 

@@ -103,7 +103,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import einops
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
@@ -436,6 +435,12 @@ class FixedRows:
         return by_token[self.tokens] + torch.einsum("pm,hmd->phd", self.W_pos[:, :width], W_V)
 
 
+def _per_head(x: Float[Tensor, "batch pos m"], W: Float[Tensor, "H m d"]) -> Float[Tensor, "batch H pos d"]:
+    """``x W[h]`` for every head ``h``, as one matrix product."""
+    H, m, d = W.shape
+    return (x @ W.transpose(0, 1).reshape(m, H * d)).unflatten(-1, (H, d)).transpose(1, 2)
+
+
 class Attention(nn.Module):
     """Multi-head attention with merged (``W``, or only ``u = W x~_N`` with the rank-one query) or factored
     (``W_Q``, ``W_K``) key-query weights."""
@@ -487,14 +492,14 @@ class Attention(nn.Module):
              if cfg.normalize_tokens else resid)
         x_q = x if cfg.normalize_query else resid
         x_q = x_q[:, -1:] if cfg.attention == "query" else x_q
+        if fixed is None and cfg.attention == "causal" and cfg.key_query == "factored" and not any(
+                hook.has_hooks() for hook in (self.hook_q, self.hook_k, self.hook_v, self.hook_attn_scores,
+                                              self.hook_pattern)):
+            return self._fused(x_q, x, resid)
         if cfg.key_query == "merged":
             q = self.hook_q(QueryProjection.apply(x_q, self.W))  # W[h] x_q
         else:
             q = self.hook_q(torch.einsum("bqm,hmd->bqhd", x_q, self.W_Q))
-        if fixed is None and cfg.attention == "causal" and cfg.key_query == "factored" and not any(
-                hook.has_hooks() for hook in (self.hook_q, self.hook_k, self.hook_v, self.hook_attn_scores,
-                                              self.hook_pattern)):
-            return self._fused(q, x, resid)
         if fixed is None:
             if cfg.key_query == "merged":
                 k = with_gradient(x[:, :, None, :].expand(-1, -1, cfg.n_heads, -1), self.hook_k)
@@ -523,19 +528,19 @@ class Attention(nn.Module):
         return torch.einsum("bqhd,hdm->bqm", z, self.W_O)
 
     def _fused(
-        self, q: Float[Tensor, "batch pos H d_head"], x: Float[Tensor, "batch pos d_model"],
+        self, x_q: Float[Tensor, "batch pos d_model"], x: Float[Tensor, "batch pos d_model"],
         resid: Float[Tensor, "batch pos d_model"],
     ) -> Float[Tensor, "batch pos d_model"]:
         """Causal attention when nothing hooks its queries, keys, values, scores or pattern (training): torch's
         fused ``scaled_dot_product_attention``, the same function as the explicit path (equal up to round-off)
         without building the ``[batch, H, pos, pos]`` scores and pattern, which the tiny models of this library
-        spend most of a training step on."""
-        k = torch.einsum("bpm,hmd->bhpd", x, self.W_K)
-        v = torch.einsum("bpm,hmd->bhpd", resid[..., : self.cfg.d_value_in], self.W_V)
-        z = F.scaled_dot_product_attention(einops.rearrange(q, "b q h d -> b h q d"), k, v, is_causal=True,
-                                           scale=1.0 / self.cfg.attn_scale)
-        z = self.hook_z(einops.rearrange(z, "b h q d -> b q h d"))
-        return torch.einsum("bqhd,hdm->bqm", z, self.W_O)
+        spend most of a training step on. The projections are plain matrix products over all heads at once
+        (the einsums of the explicit path cost these small models more in reshapes than in arithmetic)."""
+        q, k = _per_head(x_q, self.W_Q), _per_head(x, self.W_K)
+        v = _per_head(resid[..., : self.cfg.d_value_in], self.W_V)
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / self.cfg.attn_scale)
+        z = self.hook_z(z.transpose(1, 2))  # [batch, pos, H, d_head]
+        return z.flatten(2) @ self.W_O.flatten(0, 1)
 
     def rank_one(
         self,

@@ -36,6 +36,7 @@ makes a pool's worker train with one thread.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import time
@@ -62,11 +63,17 @@ class TrainResult:
 
     history: list[dict[str, Any]] = field(default_factory=list)
     train_seconds: float = 0.0
-    bayes_accuracy: float = math.nan
     checkpoints: list[tuple[int, dict[str, torch.Tensor]]] = field(default_factory=list)
     #: Why training stopped early (:func:`train_seeds`, where one model's diverging loss does not stop the
     #: others); None for a run that finished. :func:`train` raises :class:`TrainingDiverged` instead.
     diverged: Optional[str] = None
+    task: Optional[Task] = field(default=None, repr=False, compare=False)
+
+    @property
+    def bayes_accuracy(self) -> float:
+        """The task's Bayes accuracy, the ceiling of the test accuracy: computed when first asked (for some
+        tasks a Monte Carlo estimate over 10,000 samples, which training itself does not need)."""
+        return math.nan if self.task is None else self.task.bayes_accuracy()
 
     @property
     def final(self) -> dict[str, Any]:
@@ -200,13 +207,27 @@ class GradientDescent(torch.optim.Optimizer):
                 p.sub_(group["lr"] * direction)
 
 
+def lr_factor(config: TrainConfig, step: int) -> float:
+    """The learning rate of ``step`` (0-based) as a fraction of ``config.lr``: 1 with the constant schedule; with
+    the cosine one ``(1 + cos(pi step / steps)) / 2``, from 1 at the first step down towards 0 at the last."""
+    return 1.0 if config.lr_schedule == "constant" else 0.5 * (1 + math.cos(math.pi * step / config.steps))
+
+
 def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     """The optimiser, on the model's own parameter groups where it has them (``model.param_groups``)."""
-    cls = torch.optim.AdamW if config.optimizer == "adamw" else GradientDescent
     groups = getattr(model, "param_groups", None)
     params = (groups(config.optimizer, config.lr, config.weight_decay) if callable(groups)
               else list(model.parameters()))
-    return cls(params, lr=config.lr, weight_decay=config.weight_decay)
+    return _optimizer(params, config)
+
+
+def _optimizer(params: Any, config: TrainConfig) -> torch.optim.Optimizer:
+    """``config``'s optimiser on ``params``. AdamW runs fused (one kernel for every parameter's update, on the
+    CPU as on a GPU): the same update as torch's default loop over the parameters, several times faster for the
+    many small tensors of the models here."""
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
+    return GradientDescent(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
 def _v_distance(model: torch.nn.Module, task: Task) -> Optional[float]:
@@ -355,18 +376,37 @@ class _Alone:
         # Only the parameters change during training, and under weight decay what a model's parameters do not
         # hold (the paper's stored initial W): the other buffers need no copy.
         self.changing = [*model.parameters(), *self.decaying]
+        self._checks_once(model)
+
+    def _checks_once(self, model: torch.nn.Module) -> None:
+        """The token values are checked once, when the data are joined, not by the model at every step (a check
+        that reads the data, which also cannot run under ``vmap``)."""
+        self.kwargs = {"check": False} if "check" in inspect.signature(model.forward).parameters else {}
+        self.d_vocab = int(model.cfg.d_vocab)
+
+    def check(self, batches: list[Batch]) -> None:
+        """Refuse tokens outside the vocabulary in one line (what the model's own check would refuse)."""
+        for batch in batches:
+            if batch.tokens.numel():
+                low, high = torch.aminmax(model_inputs(batch, self.states))
+                require(int(low) >= 0 and int(high) < self.d_vocab,
+                        f"tokens must lie in [0, {self.d_vocab - 1}], got [{int(low)}, {int(high)}]")
 
     def join(self, batches: list[Batch], check: bool = True) -> Batch:
+        """The model's batch; ``check``: check the token values first (given data; the samples that training draws
+        are the task's own)."""
+        if check:
+            self.check(batches)
         return batches[0]
 
     def one(self, tensor: torch.Tensor, i: int) -> torch.Tensor:
         return tensor
 
     def forward(self, batch: Batch, patterns: bool) -> _Pass:
-        model, store = self.models[0], {}
+        model, store, kwargs = self.models[0], {}, self.kwargs
         inputs = model_inputs(batch, self.states)
         row = label_row(self.states)
-        logits = logits_and_pattern(model, inputs, store, row) if patterns else model(inputs)
+        logits = logits_and_pattern(model, inputs, store, row, **kwargs) if patterns else model(inputs, **kwargs)
         return _Pass(objective(self.config, logits, batch, self.states, self.K), logits, store.get("heads", []))
 
     def values(self, loss: torch.Tensor) -> list[float]:
@@ -402,20 +442,13 @@ class _Stacked(_Alone):
         self.optimizer = _stacked_optimizer(stack, config)
         self.decaying = [stack.buffers[n] for n in names]
         self.changing = [*stack.params.values(), *self.decaying]
-        forward = inspect.signature(models[0].forward).parameters
-        # (a check of the token values reads the data, which cannot be done under vmap: done in join)
-        self.kwargs = {"check": False} if "check" in forward else {}
-        self.d_vocab = int(models[0].cfg.d_vocab)
+        self._checks_once(models[0])
 
     def join(self, batches: list[Batch], check: bool = True) -> "_Joined":  # type: ignore[override]
-        """The models' batches as one; ``check``: check the token values first (given data; the samples that
-        training draws are the task's own)."""
+        """The models' batches as one (see :meth:`_Alone.join`)."""
         shared = all(b is batches[0] for b in batches)  # (the population: one for every model)
-        for batch in (batches[:1] if shared else batches) if check else ():
-            if batch.tokens.numel():  # (what the model's own check would refuse)
-                low, high = torch.aminmax(model_inputs(batch, self.states))
-                require(int(low) >= 0 and int(high) < self.d_vocab,
-                        f"tokens must lie in [0, {self.d_vocab - 1}], got [{int(low)}, {int(high)}]")
+        if check:
+            self.check(batches[:1] if shared else batches)
         if shared:
             return _Joined(batches[0], None)
         stack = (lambda ts: None if ts[0] is None else torch.stack(ts))
@@ -478,9 +511,7 @@ def _stacked_optimizer(stack: Any, config: TrainConfig) -> torch.optim.Optimizer
     for i, model in enumerate(stack.models[1:], 1):
         require(groups(model) == first, f"model {i} steps its parameters unlike model 0 (its optimiser's "
                                         "parameter groups differ); train it alone")
-    cls = torch.optim.AdamW if config.optimizer == "adamw" else GradientDescent
-    params = [{**g, "params": [stack.params[n] for n in g["params"]]} for g in first]
-    return cls(params, lr=config.lr, weight_decay=config.weight_decay)
+    return _optimizer([{**g, "params": [stack.params[n] for n in g["params"]]} for g in first], config)
 
 
 def _fit(
@@ -505,11 +536,11 @@ def _fit(
         train_data, test_data = given if given is not None else make_data(task, own)
         moved = _to(train_data, device)
         sets.append((moved, moved if test_data is train_data else _to(test_data, device)))
-    results = [TrainResult(bayes_accuracy=task.bayes_accuracy()) for _ in models]
+    results = [TrainResult(task=task) for _ in models]
     parents = task.parent_positions()
     K = task.n_states
     states = trainees.states
-    full_batch = config.optimizer == "gd" or config.batch_size is None
+    full_batch = config.full_batch
     fresh = not full_batch and getattr(task, "fresh_batches", False)
     gens = [torch.Generator().manual_seed(data_seeds(own.seed)[0] + 1) for own in configs]
     train_all = trainees.join([s[0] for s in sets])
@@ -522,6 +553,8 @@ def _fit(
     bar = tqdm(range(config.steps + 1), desc="train", disable=(None if progress is None else not progress),
                leave=False)
     last_good = trainees.snapshot()
+    schedule = (None if config.lr_schedule == "constant" else
+                torch.optim.lr_scheduler.LambdaLR(trainees.optimizer, functools.partial(lr_factor, config)))
     frozen: dict[int, list[torch.Tensor]] = {}  # stopped models' last good parameters
 
     def stop(i: int, step: int, scores: Optional[torch.Tensor], batch: Batch, loss_value: float) -> None:
@@ -610,7 +643,9 @@ def _fit(
         trainees.optimizer.step()
         with torch.no_grad():
             for t in trainees.decaying:  # W <- (1 - lr weight_decay) W, coupled (gd, sgd) or decoupled (adamw) alike
-                t.mul_(1 - config.lr * config.weight_decay)
+                t.mul_(1 - config.lr * lr_factor(config, step) * config.weight_decay)
+        if schedule is not None:
+            schedule.step()
         for i, good in frozen.items():  # (a stopped model keeps its last good parameters)
             trainees.restore(i, good)
     for i, good in frozen.items():

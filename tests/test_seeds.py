@@ -38,7 +38,7 @@ BRIDGE = dict(n_states=4, n_ctx=7, d_model=8, dtype="float64")
 NEXT = dict(loss="xent", next_token=True)
 
 # (model kind, model options, training options, task): every model kind and optimiser, weight decay,
-# population mode, mini-batches and fresh batches.
+# population mode, mini-batches, fresh batches and the cosine schedule.
 CASES = {
     "paper gd": ("deep", PAPER, dict(steps=10), None),
     "paper deterministic walk": ("deep", dict(PAPER, n_states=7), dict(steps=20), {"kind": "circle", "K": 7, "p": 1.0,
@@ -46,6 +46,8 @@ CASES = {
     "paper population": ("deep", PAPER, dict(steps=10, population=True), None),
     "paper gd weight decay": ("deep", GAUSSIAN, dict(steps=10, weight_decay=0.1), None),
     "paper adamw": ("deep", GAUSSIAN, dict(steps=10, optimizer="adamw", lr=0.01, weight_decay=0.1), None),
+    "paper adamw cosine": ("deep", GAUSSIAN, dict(steps=10, optimizer="adamw", lr=0.01, weight_decay=0.1,
+                                                 lr_schedule="cosine"), None),
     "paper sgd normalised": ("deep", dict(GAUSSIAN, normalize_tokens=True),
                              dict(steps=10, optimizer="sgd", batch_size=50, n_train=200, eval_every=3), None),
     "paper FC layer": ("deep", dict(PAPER, init="gaussian", init_sigma=0.1, mlp_width=4), dict(steps=10, loss="xent"),

@@ -33,16 +33,19 @@ def test_one_population_step_gives_the_closed_form_V(eps):
         assert V[:, i].argmax().item() == (i + 1) % K
 
 
-@pytest.mark.parametrize("optimizer, weight_decay, model_options", [
-    ("gd", 0.0, {}),
-    ("gd", 0.3, {}),  # W_init, off the query direction, decays with W
-    ("gd", 0.3, {"normalize_tokens": True}),
-    ("adamw", 0.05, {"pos_embedding": "sine"}),  # ||q||_1 = 10.2 and ||q||^2 = 8: neither scale is 1
+@pytest.mark.parametrize("optimizer, weight_decay, model_options, schedule", [
+    ("gd", 0.0, {}, "constant"),
+    ("gd", 0.3, {}, "constant"),  # W_init, off the query direction, decays with W
+    ("gd", 0.3, {}, "cosine"),  # ... at the step's learning rate
+    ("gd", 0.3, {"normalize_tokens": True}, "constant"),
+    ("adamw", 0.05, {"pos_embedding": "sine"}, "constant"),  # ||q||_1 = 10.2 and ||q||^2 = 8: neither scale is 1
+    ("adamw", 0.05, {}, "cosine"),
 ])
-def test_training_u_trains_the_papers_W(optimizer, weight_decay, model_options):
+def test_training_u_trains_the_papers_W(optimizer, weight_decay, model_options, schedule):
     """Explicit steps on the paper's full W (and V), with its own optimiser, move u = W q as the
     model's training does: exactly for gradient descent, with and without weight decay (the whole W
-    then matches); up to Adam's eps for AdamW (only u = W q enters the forward pass there)."""
+    then matches); up to Adam's eps for AdamW (only u = W q enters the forward pass there). With the cosine
+    schedule step t of 4 runs at lr (1 + cos(pi t / 4)) / 2."""
     task = CircleWalk(5, 0.7, 9)
     options = dict(pos_dim=16, init="gaussian", init_sigma=0.05, seed=1, **model_options)
     model, ref = paper_model(task, **options), paper_model(task, **options)
@@ -53,7 +56,9 @@ def test_training_u_trains_the_papers_W(optimizer, weight_decay, model_options):
     V = ref.V.detach().clone().requires_grad_(True)
     explicit = (GradientDescent if optimizer == "gd" else torch.optim.AdamW)([W, V], lr=lr, weight_decay=weight_decay)
     pop = task.population()
-    for _ in range(4):
+    for t in range(4):
+        for group in explicit.param_groups:
+            group["lr"] = lr * (1 + math.cos(math.pi * t / 4)) / 2 if schedule == "cosine" else lr
         with torch.no_grad():
             ref.blocks[0].attn.W_V[0].copy_(V.T)
             ref.blocks[0].attn.u.copy_(W @ q)
@@ -67,7 +72,7 @@ def test_training_u_trains_the_papers_W(optimizer, weight_decay, model_options):
         loss.backward()
         explicit.step()
     train(model, task, TrainConfig(lr=lr, eps=1.0, steps=4, population=True, optimizer=optimizer,
-                                   weight_decay=weight_decay), progress=False)
+                                   weight_decay=weight_decay, lr_schedule=schedule), progress=False)
     if optimizer == "gd":
         assert_close(model.W, W)
         assert_close(model.V, V)
