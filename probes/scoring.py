@@ -143,6 +143,8 @@ class Scorecard:
     head_ablation: Optional[dict[str, Any]] = None
     #: The embeddings sweep by attribution patching (on the first ``config.gradient_walks`` walks).
     attribution: Optional[PatchingResult] = None
+    #: The last :meth:`head_table` (its heads, its baselines' heads, the table): a report asks for it several times.
+    _table: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
 
     def _summary(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         out = {"accuracy": wmean(w, self.hits.mean(-1))}
@@ -184,7 +186,12 @@ class Scorecard:
         """Every head's scores with intervals and chance levels (against ``baselines``' heads: random models)."""
         if self.heads is None:
             return None
-        return head_table(self.heads, [b.heads for b in baselines if b.heads is not None], self.config)
+        others = [b.heads for b in baselines if b.heads is not None]
+        last = self._table
+        if not (last and last[0] is self.heads and len(last[1]) == len(others)
+                and all(a is b for a, b in zip(last[1], others))):
+            self._table = last = (self.heads, others, head_table(self.heads, others, self.config))
+        return last[2]
 
     def headline(self) -> dict[str, float]:
         flat = self.flat()

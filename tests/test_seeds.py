@@ -248,6 +248,10 @@ def test_given_data_with_an_invalid_token_is_refused_before_the_batch():
     data[1][0].tokens[0, 0] = 9
     with pytest.raises(RwinterpError, match=r"tokens must lie in \[0, 5\]"):
         train_seeds(models, task, configs, data=data, progress=False)
+    # one model alone: its given test data are checked once, before the first step, as the batch's are
+    data[1][1].tokens[0, 0] = -1
+    with pytest.raises(RwinterpError, match=r"tokens must lie in \[0, 5\], got \[-1, 5\]"):
+        train(models[0], task, configs[0], data=(data[0][0], data[1][1]), progress=False)
 
 
 def test_a_stack_maps_a_bridge_whose_modules_share_parameters():
