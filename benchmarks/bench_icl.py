@@ -40,10 +40,10 @@ from pathlib import Path
 
 K, N, PEER_LR, BATCH = 3, 64, 5e-3, 64
 MODULES = {"deep": "rwinterp.model", "bridge": "rwinterp.bridge"}
-PRELOAD = "import torch._dynamo"  # (what building an optimiser imports; both sides import it before their clock)
+PRELOADED = "torch._dynamo"  # (what building an optimiser imports; both sides import it before their clock)
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-PEER_LINE = re.compile(r"train (?P<seconds>[\d.]+)s .*test loss (?P<test_loss>[\d.]+) uniform [\d.]+ "
-                       r"unigram (?P<unigram>[\d.]+) bigram (?P<bigram>[\d.]+)")
+PEER_LINE = re.compile(r"train [\d.]+s \((?P<ms_per_iter>[\d.]+) ms/iter\) test loss (?P<test_loss>[\d.]+) uniform "
+                       r"[\d.]+ unigram (?P<unigram>[\d.]+) bigram (?P<bigram>[\d.]+)")
 
 
 def ours(kind: str, steps: int, seed: int, lr: float, schedule: str) -> dict:
@@ -59,7 +59,7 @@ def ours(kind: str, steps: int, seed: int, lr: float, schedule: str) -> dict:
     from rwinterp.training import TrainConfig, held_out_data, train
 
     importlib.import_module(MODULES[kind])  # (before the clock, as the peer imports its model's module)
-    exec(PRELOAD)
+    importlib.import_module(PRELOADED)
 
     task = InContextChain(K, N)
     shape = {"n_states": K, "n_ctx": N, "n_layers": 2, "n_heads": 1, "seed": seed}
@@ -79,13 +79,15 @@ def ours(kind: str, steps: int, seed: int, lr: float, schedule: str) -> dict:
 
 def peer(path: Path, steps: int, seed: int) -> dict:
     """Run the peer's ``run_ref.py`` in its folder on one thread and parse its result line."""
-    out = subprocess.run([sys.executable, "-c", PRELOAD + "; import runpy; runpy.run_path('run_ref.py', "
+    out = subprocess.run([sys.executable, "-c", f"import {PRELOADED}; import runpy; runpy.run_path('run_ref.py', "
                           "run_name='__main__')", str(K), str(N), str(steps), str(PEER_LR), str(seed)],
                          cwd=path, env=ONE_THREAD, capture_output=True, text=True, check=True).stdout
     match = PEER_LINE.search(out)
     if match is None:
         raise SystemExit(f"bench_icl: no result line in the peer's output: {out[-300:]!r}")
-    return {k: float(v) for k, v in match.groupdict().items()} | {"model": "Edelman et al. minGPT"}
+    found = {k: float(v) for k, v in match.groupdict().items()}
+    # (its seconds from its milliseconds per iteration: it prints the seconds rounded to whole ones)
+    return found | {"seconds": found.pop("ms_per_iter") * steps / 1000, "model": "Edelman et al. minGPT"}
 
 
 def summarise(result: dict, steps: int) -> dict:
