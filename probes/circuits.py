@@ -333,12 +333,7 @@ def edge_attribution(
     between ``heads``. A pure function of its inputs.
     """
     config = config or ProbeConfig()
-    _require_choice(method, EDGE_METHODS, "edge method")
-    _require_choice(source, ("mean", "resample"), "edge ablation source")
-    _require_choice(metric, ("loss", "logit_diff"), "metric")
-    require(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1,
-            f"EAP-IG needs m >= 1 integration steps, got {steps!r}")
-    require(isinstance(verify, int) and verify >= 0, f"verify must be a non-negative integer, got {verify!r}")
+    _check_edge_options(method, source, metric, steps, verify)
     with evaluating(model):
         start = time.perf_counter()
         setup = _setup(model, task, data, "z", source, metric, config)
@@ -349,13 +344,26 @@ def edge_attribution(
         return result
 
 
+def _check_edge_options(method: str, source: str, metric: str, steps: int, verify: int) -> None:
+    _require_choice(method, EDGE_METHODS, "edge method")
+    _require_choice(source, ("mean", "resample"), "edge ablation source")
+    _require_choice(metric, ("loss", "logit_diff"), "metric")
+    require(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1,
+            f"EAP-IG needs m >= 1 integration steps, got {steps!r}")
+    require(isinstance(verify, int) and verify >= 0, f"verify must be a non-negative integer, got {verify!r}")
+
+
 def _edge_scores(model: Any, setup: _Setup, structure: Structure, edges: list[Edge], method: str, source: str,
-                 metric: str, steps: int, verify: int, weights: Optional[Tensor]) -> EdgeScores:
+                 metric: str, steps: int, verify: int, weights: Optional[Tensor],
+                 replacement: Optional[dict] = None) -> EdgeScores:
+    """:func:`edge_attribution` on a prepared setup; ``replacement``: the writers' ablated outputs, if the caller
+    has them already (:func:`writer_replacements`; counted by the caller)."""
     base = setup.base
     rows = element_rows(model, base.n_pos)
     cost = Cost()
-    replacement = writer_replacements(model, setup, structure, source, rows, weights)
-    cost.forward += 1
+    if replacement is None:
+        replacement = writer_replacements(model, setup, structure, source, rows, weights)
+        cost.forward += 1
     base_metric = unpatched_metric(model, setup, rows)
     cost.forward += 1
     verified = torch.zeros(len(edges), dtype=torch.bool)
@@ -696,17 +704,22 @@ def circuit(
     require(threshold is None or (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold >= 0),
             f"the threshold must be a finite number >= 0, got {threshold!r}")
     require(isinstance(curve_points, int) and curve_points >= 2, f"curve points must be >= 2, got {curve_points!r}")
+    _check_edge_options(method, source, metric, steps, verify)
     start = time.perf_counter()
-    with evaluating(model):  # (a bad size is refused before any scoring)
-        E = len(graph_edges(model_graph(model, targets_for(model, task, data[:8], config.kind).inputs), graph))
-    require(top is None or (isinstance(top, int) and not isinstance(top, bool) and 1 <= top <= E),
-            f"the circuit size must be between 1 and the {E} edges of the graph, got {top!r}")
-    scores = edge_attribution(model, task, data, method, source, metric, steps, verify, config, graph)
-    order = scores.order()
     with evaluating(model):
         setup = _setup(model, task, data, "z", source, metric, config)
+        structure = model_graph(model, setup.base.inputs)
+        edges = graph_edges(structure, graph)
+        E = len(edges)
+        require(top is None or (isinstance(top, int) and not isinstance(top, bool) and 1 <= top <= E),
+                f"the circuit size must be between 1 and the {E} edges of the graph, got {top!r}")
         rows = element_rows(model, setup.base.n_pos)
-        replacement = writer_replacements(model, setup, scores.structure, source, rows, data.weights)
+        # (one ablated output per writer, for the scores and the faithfulness curve alike)
+        replacement = writer_replacements(model, setup, structure, source, rows, data.weights)
+        scores = _edge_scores(model, setup, structure, edges, method, source, metric, steps, verify, data.weights,
+                              replacement)
+        scores.cost.seconds = time.perf_counter() - start
+        order = scores.order()
         extra = [top] if top is not None else []
         if threshold is not None:
             s = scores.scores().abs()
@@ -722,7 +735,7 @@ def circuit(
         reach = [k for k, f in zip(curve.sizes, curve.values.tolist()) if f >= 0.9]
         kept = reach[0] if reach else E
         selection = "smallest measured size with faithfulness >= 0.9"
-    cost = scores.cost + Cost(forward=passes + 1)
+    cost = scores.cost + Cost(forward=passes + 1)  # (+1: the writers' ablated outputs)
     cost.seconds = time.perf_counter() - start
     return CircuitResult(scores, kept, curve, cost, roles, selection, graph)
 
