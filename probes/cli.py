@@ -100,8 +100,8 @@ def _probe(args: argparse.Namespace) -> int:
     require(args.baseline_models is None or args.baseline is not None, "--baseline-models needs --baseline random")
     seeds = 5 if args.baseline_models is None else args.baseline_models
     require(1 <= seeds <= MAX_SEEDS, f"--baseline-models must be in [1, {MAX_SEEDS}], got {seeds}")
-    runs = _runs(args.run)
-    if len(runs) > 1 or _is_group(args.run[0]):
+    runs, grouped = _runs(args.run)
+    if len(runs) > 1 or grouped:
         return _probe_group(args, runs, seeds if args.baseline == "random" else 0)
     args.run = runs[0]
     _check_out(args.out, [args.run])
@@ -156,15 +156,17 @@ def _probe(args: argparse.Namespace) -> int:
     return 0
 
 
-def _runs(paths: Sequence[str]) -> list[str]:
-    """The run directories that ``paths`` name: a run directory itself, a group's finished runs (``seed-S``).
-    A path that is neither, or a run named twice, is refused."""
+def _runs(paths: Sequence[str]) -> tuple[list[str], bool]:
+    """The run directories that ``paths`` name (a run directory itself, a group's finished runs ``seed-S``), and
+    whether a group was among them. A path that is neither, or a run named twice, is refused."""
     from rwinterp.runs import CONFIG_FILE, GROUP_FILE, is_group, read_group
 
     out: list[str] = []
+    grouped = False
     for path in paths:
         require(str(path) != "", "not a run directory: the name is empty")
         if is_group(path):
+            grouped = True
             index = read_group(path)
             finished = [str(Path(path) / entry["run"]) for entry in index["runs"] if entry["run"] is not None]
             require(finished, f"the group {path} holds no finished run")
@@ -185,13 +187,7 @@ def _runs(paths: Sequence[str]) -> list[str]:
             also = "" if seen[where] == run else f" (also as {seen[where]})"
             raise RwinterpError(f"the run {run} is named twice{also}")
         seen[where] = run
-    return out
-
-
-def _is_group(path: str) -> bool:
-    from rwinterp.runs import is_group
-
-    return is_group(path)
+    return out, grouped
 
 
 def _score_group(args: argparse.Namespace, runs: list[str], config: Any, baseline_models: int = 0) -> Any:
@@ -253,9 +249,9 @@ def _label(key: str) -> str:
 
 
 def _estimate(e: Any) -> str:
-    lo, hi = e.interval
-    interval = f"[{lo:.4f}, {hi:.4f}]" if lo == lo else "[undefined]"
-    return f"{_number(e.mean).strip()} {interval}"
+    from probes.report import estimate_text
+
+    return estimate_text(e, digits=4)
 
 
 def _over_training(run: Any, checkpoints: list, data: Any, config: Any) -> Any:
@@ -285,8 +281,8 @@ def _configure_compare(parser: argparse.ArgumentParser) -> None:
 def _compare(args: argparse.Namespace) -> int:
     require(Path(args.run_a).resolve() != Path(args.run_b).resolve(),
             f"RUN_A and RUN_B are the same run ({args.run_a}): every difference would be zero")
-    runs_a, runs_b = _runs([args.run_a]), _runs([args.run_b])
-    if _is_group(args.run_a) or _is_group(args.run_b):
+    (runs_a, group_a), (runs_b, group_b) = _runs([args.run_a]), _runs([args.run_b])
+    if group_a or group_b:
         return _compare_groups(args, runs_a, runs_b)
     _check_out(args.out, [args.run_a, args.run_b])
     config = _config(args)
@@ -345,7 +341,8 @@ def _compare_groups(args: argparse.Namespace, runs_a: list[str], runs_b: list[st
 PROBE = Command("probe", "probe a trained run (or a group of runs: means over seeds with intervals): attention, "
                          "activation patching, V against Pi, with a report",
                 _configure_probe, _probe)
-COMPARE = Command("compare", "compare the probe scores of two runs, or of two groups of runs, side by side", _configure_compare, _compare)
+COMPARE = Command("compare", "compare the probe scores of two runs, or of two groups of runs, side by side",
+                  _configure_compare, _compare)
 
 
 #: What a circuit directory holds (its marker first).

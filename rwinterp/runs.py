@@ -127,7 +127,11 @@ def build_model(kind: str, config: dict[str, Any], device: "str | torch.device |
     (a ``torch.device`` or its name; default the CPU). The weights are drawn on the CPU, so a seed gives the
     same initial model on every device."""
     model = _kind(kind).build(dict(config))
-    return model if device is None else model.to(device)
+    if device is None:
+        return model
+    # (not moved where it already is: a TransformerBridge's move prints a line to stdout)
+    here = next(iter(model.parameters()), None)
+    return model if here is not None and here.device == torch.device(device) else model.to(device)
 
 
 @dataclass

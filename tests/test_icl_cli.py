@@ -33,6 +33,7 @@ def test_training_reports_the_loss_beside_the_reference_predictors(icl_run, caps
     assert main(["train", *ICL, "--steps", "2", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "test loss" in out and "references: uniform 1.0986" in out and "of the unigram-to-bigram gap" in out
+    assert out.startswith("task "), out[:80]  # (nothing of TransformerLens' own printing before it)
 
 
 def test_checkpoints_are_runs_and_the_probe_follows_them(icl_run, tmp_path, capsys):
