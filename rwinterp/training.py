@@ -223,8 +223,8 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.O
 
 def _optimizer(params: Any, config: TrainConfig) -> torch.optim.Optimizer:
     """``config``'s optimiser on ``params``. AdamW runs fused (one kernel for every parameter's update, on the
-    CPU as on a GPU): the update of torch's default loop over the parameters to round-off, about four times
-    faster for the many small tensors of the models here."""
+    CPU as on a GPU): the update of torch's default loop over the parameters to round-off, in one call instead of
+    several per parameter, which is what the many small tensors of the models here cost."""
     if config.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
     return GradientDescent(params, lr=config.lr, weight_decay=config.weight_decay)
