@@ -39,12 +39,14 @@ import math
 from typing import Any
 
 import torch
-from jaxtyping import Float
+import torch.nn.functional as F
+from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import ActivationCache
 from transformer_lens.config import TransformerBridgeConfig
 from transformer_lens.model_bridge import TransformerBridge
 from transformer_lens.model_bridge.sources import native  # noqa: F401  (registers boot_native)
+from transformer_lens.model_bridge.sources.native.model import NativeModel
 
 from rwinterp.config import BridgeOptions
 from rwinterp.model import resolve_dtype
@@ -84,6 +86,50 @@ def attn_scores_from_cache(
     return scores.masked_fill(mask, float("-inf"))
 
 
+def _raw(component: torch.nn.Module) -> torch.nn.Module:
+    """The PyTorch module a TransformerLens component wraps (its hooks left out)."""
+    return getattr(component, "_original_component", component)
+
+
+def _hooked(model: TransformerBridge) -> bool:
+    return any(hook._forward_hooks or hook._backward_hooks for hook in model.hook_dict.values())
+
+
+def hook_free_logits(model: TransformerBridge, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab"]:
+    """The bridge's logits computed from its own weights without TransformerLens' wrappers: no hook fires, and
+    causal attention is one fused ``scaled_dot_product_attention`` where the native model masks and normalises
+    explicitly. The same function as ``model(tokens)`` up to round-off (tested); training uses it, since it
+    reads no hook, and a training step takes about two thirds of the time (``benchmarks/bench_icl.py``). A
+    model with hooks attached, or of a layout this does not compute (rotary positions, grouped keys, gated
+    MLPs, soft caps), runs through ``model(tokens)`` as usual."""
+    native = model.original_model
+    if _hooked(model) or not _plain(native):
+        return model(tokens)
+    batch, n = tokens.shape
+    resid = _raw(native.tok_embed)(tokens) + _raw(native.pos).weight[:n]
+    for layer in native.layers:
+        block = _raw(layer)
+        attn = _raw(block.attn)
+        x = _raw(block.ln1)(resid)
+        q, k, v = (_raw(getattr(attn, name))(x).view(batch, n, -1, attn.d_head).transpose(1, 2) for name in "qkv")
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / attn.scale)
+        resid = resid + _raw(attn.o)(z.transpose(1, 2).reshape(batch, n, -1))
+        if not block.cfg.attn_only:
+            mlp = _raw(block.mlp)
+            resid = resid + _raw(mlp.fc_out)(mlp.act(_raw(mlp.fc_in)(_raw(block.ln2)(resid))))
+    return _raw(native.head)(_raw(native.ln_out)(resid))
+
+
+def _plain(native: torch.nn.Module) -> bool:
+    """Whether ``native`` has the layout :func:`hook_free_logits` computes (what :func:`build_bridge` builds)."""
+    if (not isinstance(native, NativeModel) or native.pos is None or native.cfg.gated_mlp
+            or native.output_logits_soft_cap > 0):
+        return False
+    blocks = [_raw(layer) for layer in native.layers]
+    return all(_raw(b.attn).causal and _raw(b.attn).kv_repeats == 1 and _raw(b.attn).attn_scores_soft_cap <= 0
+               and (b.cfg.attn_only or _raw(b.mlp).ln is None) for b in blocks)
+
+
 def _options_of(model: TransformerBridge) -> dict[str, Any]:
     options = getattr(model, "rwinterp_options", None)
     if options is None:  # a bridge built elsewhere: read what its config says
@@ -97,4 +143,5 @@ def _options_of(model: TransformerBridge) -> dict[str, Any]:
 
 
 register_model_kind("bridge", TransformerBridge, build=build_bridge, config_of=_options_of,
-                    full_config=lambda config: BridgeOptions.from_dict(config).to_dict())
+                    full_config=lambda config: BridgeOptions.from_dict(config).to_dict(),
+                    train_forward=hook_free_logits)

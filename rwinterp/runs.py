@@ -53,13 +53,15 @@ CHECKPOINTS = "checkpoints"
 class ModelKind:
     """How a run rebuilds a model class: ``build(config_dict)``, ``config_of(model)`` (the dict a run saves) and
     ``full_config(config_dict)`` (every default filled in: two dicts that build the same model give the same full
-    config; it raises on a bad one)."""
+    config; it raises on a bad one). ``train_forward(model, tokens)``, where given, is the logits that training
+    uses when it reads no hook: the model's own function computed faster (default ``model(tokens)``)."""
 
     name: str
     model_class: type
     build: Callable[[dict[str, Any]], nn.Module]
     config_of: Callable[[nn.Module], dict[str, Any]]
     full_config: Callable[[dict[str, Any]], dict[str, Any]]
+    train_forward: Optional[Callable[[nn.Module, torch.Tensor], torch.Tensor]] = None
 
 
 _MODEL_KINDS: dict[str, ModelKind] = {}
@@ -72,6 +74,7 @@ def register_model_kind(
     build: Optional[Callable[[dict[str, Any]], nn.Module]] = None,
     config_of: Optional[Callable[[nn.Module], dict[str, Any]]] = None,
     full_config: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None,
+    train_forward: Optional[Callable[[nn.Module, torch.Tensor], torch.Tensor]] = None,
 ) -> None:
     """Make ``model_class`` savable as a run of kind ``name``: ``save_run``, ``load_run``, the probes and the
     command line then take it like the library's own models. The defaults suit a class built from its config
@@ -85,7 +88,7 @@ def register_model_kind(
     build = build or model_class
     config_of = config_of or (lambda model: model.cfg.to_dict())
     _MODEL_KINDS[name] = ModelKind(name, model_class, build, config_of,
-                                   full_config or (lambda config: config_of(build(config))))
+                                   full_config or (lambda config: config_of(build(config))), train_forward)
 
 
 #: Model kinds registered by a module of the library, imported when a run of that kind is loaded.
@@ -110,6 +113,14 @@ def model_kind_of(model: nn.Module) -> str:
             return kind.name
     raise RwinterpError(f"no saved-run format is registered for {type(model).__name__}; "
                         "see rwinterp.runs.register_model_kind")
+
+
+def train_forward(model: nn.Module) -> Optional[Callable[[nn.Module, torch.Tensor], torch.Tensor]]:
+    """The registered :attr:`ModelKind.train_forward` of ``model``'s kind (``None``: none, or no kind registered)."""
+    try:
+        return _kind(model_kind_of(model)).train_forward
+    except RwinterpError:
+        return None
 
 
 def model_config(model: nn.Module) -> dict[str, Any]:

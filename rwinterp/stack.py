@@ -35,6 +35,7 @@ exact.
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -149,5 +150,9 @@ class ModelStack:
             with self._substituted({**params, **buffers}) as model:
                 return fn(model, *data)
 
-        return torch.func.vmap(one, in_dims=(0, 0, *in_dims), chunk_size=self.chunk_size)(
-            self.params, self.buffers, *args)
+        with warnings.catch_warnings():
+            # An operation without a batching rule (the fused CPU attention kernel) runs once per model, as each
+            # model alone runs it; torch's warning about it tells the user nothing they can act on.
+            warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented")
+            return torch.func.vmap(one, in_dims=(0, 0, *in_dims), chunk_size=self.chunk_size)(
+                self.params, self.buffers, *args)

@@ -381,7 +381,11 @@ class _Alone:
     def _checks_once(self, model: torch.nn.Module) -> None:
         """The token values are checked once, when the data are joined, not by the model at every step (a check
         that reads the data, which also cannot run under ``vmap``)."""
-        self.kwargs = {"check": False} if "check" in inspect.signature(model.forward).parameters else {}
+        from rwinterp.runs import train_forward
+
+        self.kwargs = kwargs = {"check": False} if "check" in inspect.signature(model.forward).parameters else {}
+        # (a model kind may compute its logits faster where no hook is read: TransformerLens' bridge does)
+        self.call = train_forward(model) or (lambda m, inputs: m(inputs, **kwargs))
         self.d_vocab = int(model.cfg.d_vocab)
 
     def check(self, batches: list[Batch]) -> None:
@@ -406,7 +410,7 @@ class _Alone:
         model, store, kwargs = self.models[0], {}, self.kwargs
         inputs = model_inputs(batch, self.states)
         row = label_row(self.states)
-        logits = logits_and_pattern(model, inputs, store, row, **kwargs) if patterns else model(inputs, **kwargs)
+        logits = logits_and_pattern(model, inputs, store, row, **kwargs) if patterns else self.call(model, inputs)
         return _Pass(objective(self.config, logits, batch, self.states, self.K), logits, store.get("heads", []))
 
     def values(self, loss: torch.Tensor) -> list[float]:
@@ -465,7 +469,7 @@ class _Stacked(_Alone):
         def one(model: torch.nn.Module, tokens: Any, labels: Any, weights: Any, seqs: Any) -> tuple:
             batch, store = Batch(tokens, labels, weights, seqs), {}
             inputs = model_inputs(batch, states)
-            logits = logits_and_pattern(model, inputs, store, row, **kwargs) if patterns else model(inputs, **kwargs)
+            logits = logits_and_pattern(model, inputs, store, row, **kwargs) if patterns else self.call(model, inputs)
             return objective(config, logits, batch, states, K), logits, tuple(store.get("heads", ()))
 
         b, dim = joined.batch, joined.dim

@@ -27,10 +27,10 @@ import math
 import pytest
 import torch
 
-from rwinterp.bridge import attn_scores_from_cache, build_bridge
+from rwinterp.bridge import attn_scores_from_cache, build_bridge, hook_free_logits
 from rwinterp.config import BridgeOptions, TrainConfig
 from rwinterp.errors import RwinterpError
-from rwinterp.runs import load_run, save_run
+from rwinterp.runs import load_run, save_run, train_forward
 from rwinterp.tasks import CircleWalk, circle_transition
 from rwinterp.training import train
 
@@ -266,6 +266,54 @@ def test_build_is_reproducible_and_weights_have_tl_shapes():
     torch.testing.assert_close(q, cache["blocks.1.attn.hook_q"])
     final = cache["blocks.1.hook_resid_post"]
     torch.testing.assert_close(final @ wa["W_U"] + wa["b_U"], logits)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(norm="LN", n_heads=2, d_head=3),
+                                     dict(attn_only=False, norm="LN", n_heads=2), dict(attn_only=False, d_head=3)])
+def test_training_computes_the_bridge_without_its_hooks(options):
+    """Training reads no hook, so it computes the bridge's logits from its weights (``hook_free_logits``, fused
+    attention): the logits and every gradient equal those of ``model(tokens)`` up to round-off (float64, two
+    layers); with a hook attached the model runs through its hooks, and the hook fires."""
+    model = bridge(n_layers=2, dtype="float64", **options)
+    assert train_forward(model) is hook_free_logits
+    tokens = random_walks(8, seed=3)
+    weight = torch.randn(8, LENGTH, K, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    params = list(model.parameters())
+    fast, slow = hook_free_logits(model, tokens), model(tokens)
+    torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12 * float(slow.detach().abs().max()))
+    expected = torch.autograd.grad((slow * weight).sum(), params)
+    scale = max(float(g.abs().max()) for g in expected)  # (b_K's gradient is 0 but for round-off)
+    for got, want in zip(torch.autograd.grad((fast * weight).sum(), params), expected):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12 * scale)
+    fired = []
+    model.blocks[1].attn.hook_pattern.add_hook(lambda pattern, hook: fired.append(pattern.shape))
+    try:
+        torch.testing.assert_close(hook_free_logits(model, tokens), slow, rtol=0, atol=0)
+    finally:
+        model.reset_hooks()
+    assert fired == [(8, options.get("n_heads", 1), LENGTH, LENGTH)]
+
+
+def test_training_without_hooks_follows_the_bridge_itself():
+    """Training the bridge through ``hook_free_logits`` follows the trajectory of training it through its own
+    forward pass (a model with a do-nothing hook attached): every loss and weight to 1e-10 relative (float64)."""
+    config = TrainConfig(optimizer="adamw", lr=1e-2, steps=20, loss="xent", next_token=True, batch_size=16,
+                         n_train=64, n_test=64, seed=7, eval_every=5)
+    fast, hooked = bridge(n_layers=2, dtype="float64"), bridge(n_layers=2, dtype="float64")
+    hooked.blocks[0].hook_resid_pre.add_hook(lambda resid, hook: None)
+    runs = [train(model, TASK, config, progress=False).history for model in (fast, hooked)]
+    hooked.reset_hooks()
+    for a, b in zip(*runs):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-10)
+        assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-10)
+    # b_K moves the scores of a query by a constant, which the softmax ignores: its gradient is round-off, which
+    # Adam scales up to full steps, so it is the one weight that the two paths leave apart
+    for name, value in weights(hooked).items():
+        if name != "b_K":
+            torch.testing.assert_close(weights(fast)[name], value, rtol=1e-10, atol=1e-10 * float(value.abs().max()))
+    tokens = random_walks(8, seed=3)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(tokens), hooked(tokens), rtol=1e-10, atol=0)
 
 
 def test_training_is_deterministic():
