@@ -92,6 +92,8 @@ def _raw(component: torch.nn.Module) -> torch.nn.Module:
 
 
 def _hooked(model: TransformerBridge) -> bool:
+    """Whether any hook point holds a hook: torch's own hook tables, which also see hooks registered without
+    TransformerLens, and read in half the time of ``HookPoint.has_hooks`` (this runs at every training step)."""
     return any(hook._forward_hooks or hook._backward_hooks for hook in model.hook_dict.values())
 
 

@@ -376,11 +376,12 @@ class _Alone:
         # Only the parameters change during training, and under weight decay what a model's parameters do not
         # hold (the paper's stored initial W): the other buffers need no copy.
         self.changing = [*model.parameters(), *self.decaying]
-        self._checks_once(model)
+        self._set_forward(model)
 
-    def _checks_once(self, model: torch.nn.Module) -> None:
-        """The token values are checked once, when the data are joined, not by the model at every step (a check
-        that reads the data, which also cannot run under ``vmap``)."""
+    def _set_forward(self, model: torch.nn.Module) -> None:
+        """How a training step calls the model: its kind's ``train_forward`` where registered, else its forward
+        pass; the token values are checked once, when the data are joined, not by the model at every step (a
+        check that reads the data, which also cannot run under ``vmap``)."""
         from rwinterp.runs import train_forward
 
         self.kwargs = kwargs = {"check": False} if "check" in inspect.signature(model.forward).parameters else {}
@@ -446,7 +447,7 @@ class _Stacked(_Alone):
         self.optimizer = _stacked_optimizer(stack, config)
         self.decaying = [stack.buffers[n] for n in names]
         self.changing = [*stack.params.values(), *self.decaying]
-        self._checks_once(models[0])
+        self._set_forward(models[0])
 
     def join(self, batches: list[Batch], check: bool = True) -> "_Joined":  # type: ignore[override]
         """The models' batches as one (see :meth:`_Alone.join`)."""
