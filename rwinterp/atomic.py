@@ -15,13 +15,15 @@ write beside them removes those whose process is gone (:func:`remove_stale`).
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import shutil
 import tempfile
 import uuid
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from rwinterp.errors import RwinterpError, require
 
@@ -83,35 +85,37 @@ def atomic_file(path: Path, write: Callable[[Path], Any]) -> None:
             tmp.unlink()
 
 
-def remove_stale(target: Path) -> None:
-    """Remove the temporary siblings of ``target`` left by processes that no longer run."""
-    try:
-        siblings = list(target.parent.glob(f".{target.name}.*-*-*"))
-    except OSError:
-        return
-    for path in siblings:
-        parts = path.name[len(target.name) + 2:].split("-")
-        if len(parts) == 3 and parts[1].isdigit() and not _alive(int(parts[1])):
-            shutil.rmtree(path, ignore_errors=True)
+#: A temporary sibling's name (:func:`temporary_sibling`): ``.NAME.WHAT-PID-XXXXXXXX``.
+_TEMPORARY = re.compile(r"\..+\.[a-z]+-(?P<pid>\d+)-[0-9a-f]{8}")
 
 
-def remove_stale_in(folder: str | Path) -> None:
-    """Remove every temporary directory or file in ``folder`` (``.NAME.WHAT-PID-XXXXXXXX``, as
-    :func:`temporary_sibling` names them) whose process no longer runs."""
-    import re
-
-    try:
-        entries = list(Path(folder).iterdir())
-    except OSError:
-        return
-    for path in entries:
-        found = re.fullmatch(r"\..+\.[a-z]+-(\d+)-[0-9a-f]{8}", path.name)
-        if not found or path.is_symlink() or _alive(int(found.group(1))):
+def _remove_orphans(paths: Iterable[Path]) -> None:
+    """Remove those of ``paths`` that are temporary siblings of a process that no longer runs."""
+    for path in paths:
+        found = _TEMPORARY.fullmatch(path.name)
+        if not found or path.is_symlink() or _alive(int(found["pid"])):
             continue
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
+
+
+def remove_stale(target: Path) -> None:
+    """Remove the temporary siblings of ``target`` left by processes that no longer run."""
+    try:
+        _remove_orphans(list(target.parent.glob(f".{glob.escape(target.name)}.*-*-*")))
+    except OSError:
+        return
+
+
+def remove_stale_in(folder: str | Path) -> None:
+    """Remove every temporary directory or file in ``folder`` (as :func:`temporary_sibling` names them) whose
+    process no longer runs."""
+    try:
+        _remove_orphans(list(Path(folder).iterdir()))
+    except OSError:
+        return
 
 
 def _alive(pid: int) -> bool:

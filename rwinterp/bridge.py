@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -97,29 +97,53 @@ def _hooked(model: TransformerBridge) -> bool:
     return any(hook._forward_hooks or hook._backward_hooks for hook in model.hook_dict.values())
 
 
-def hook_free_logits(model: TransformerBridge, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab"]:
+def hook_free_logits(
+    model: TransformerBridge, tokens: Int[Tensor, "batch pos"], pattern_row: Optional[int] = None
+) -> Float[Tensor, "batch pos d_vocab"] | tuple[Tensor, list[Float[Tensor, "batch head pos"]]]:
     """The bridge's logits computed from its own weights without TransformerLens' wrappers: no hook fires, and
     causal attention is one fused ``scaled_dot_product_attention`` where the native model masks and normalises
     explicitly. The same function as ``model(tokens)`` up to round-off (tested); training uses it, since it
-    reads no hook, and a training step takes about two thirds of the time (``benchmarks/bench_icl.py``). A
-    model with hooks attached, or of a layout this does not compute (rotary positions, grouped keys, gated
-    MLPs, soft caps), runs through ``model(tokens)`` as usual."""
+    reads no hook, and a training step takes about two thirds of the time (``benchmarks/bench_icl.py``).
+
+    With ``pattern_row`` it returns ``(logits, rows)``: each layer's attention pattern at query position
+    ``pattern_row`` (``[batch, head, pos]``, detached), what :func:`rwinterp.training.logits_and_pattern` reads
+    from ``hook_pattern``, here from ``q`` and ``k`` for that one query (training's evaluation steps).
+
+    A model with hooks attached, or of a layout this does not compute (rotary positions, grouped keys, gated
+    MLPs, soft caps), runs through its hooks as usual."""
     native = model.original_model
     if _hooked(model) or not _plain(native):
-        return model(tokens)
+        if pattern_row is None:
+            return model(tokens)
+        from rwinterp.training import logits_and_pattern
+
+        store: dict = {}
+        return logits_and_pattern(model, tokens, store, pattern_row), store["heads"]
     batch, n = tokens.shape
+    rows = []
     resid = _raw(native.tok_embed)(tokens) + _raw(native.pos).weight[:n]
     for layer in native.layers:
         block = _raw(layer)
         attn = _raw(block.attn)
         x = _raw(block.ln1)(resid)
         q, k, v = (_raw(getattr(attn, name))(x).view(batch, n, -1, attn.d_head).transpose(1, 2) for name in "qkv")
+        if pattern_row is not None:
+            rows.append(_pattern_row(q.detach(), k.detach(), pattern_row % n, attn.scale))
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / attn.scale)
         resid = resid + _raw(attn.o)(z.transpose(1, 2).reshape(batch, n, -1))
         if not block.cfg.attn_only:
             mlp = _raw(block.mlp)
             resid = resid + _raw(mlp.fc_out)(mlp.act(_raw(mlp.fc_in)(_raw(block.ln2)(resid))))
-    return _raw(native.head)(_raw(native.ln_out)(resid))
+    logits = _raw(native.head)(_raw(native.ln_out)(resid))
+    return logits if pattern_row is None else (logits, rows)
+
+
+def _pattern_row(q: Float[Tensor, "batch head pos d"], k: Float[Tensor, "batch head pos d"], t: int,
+                 scale: float) -> Float[Tensor, "batch head pos"]:
+    """Causal attention of query position ``t`` over every key position (0 after ``t``)."""
+    scores = torch.einsum("bhd,bhpd->bhp", q[:, :, t], k) / scale
+    future = torch.arange(k.shape[2], device=k.device) > t
+    return torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
 
 
 def _plain(native: torch.nn.Module) -> bool:

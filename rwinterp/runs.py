@@ -53,15 +53,17 @@ CHECKPOINTS = "checkpoints"
 class ModelKind:
     """How a run rebuilds a model class: ``build(config_dict)``, ``config_of(model)`` (the dict a run saves) and
     ``full_config(config_dict)`` (every default filled in: two dicts that build the same model give the same full
-    config; it raises on a bad one). ``train_forward(model, tokens)``, where given, is the logits that training
-    uses when it reads no hook: the model's own function computed faster (default ``model(tokens)``)."""
+    config; it raises on a bad one). ``train_forward(model, tokens, pattern_row=None)``, where given, is the
+    logits that training uses when it reads no hook: the model's own function computed faster (default
+    ``model(tokens)``); with a ``pattern_row`` it returns ``(logits, rows)``, each layer's attention pattern at
+    that query position (``[batch, head, pos]``), as :func:`rwinterp.training.logits_and_pattern` records it."""
 
     name: str
     model_class: type
     build: Callable[[dict[str, Any]], nn.Module]
     config_of: Callable[[nn.Module], dict[str, Any]]
     full_config: Callable[[dict[str, Any]], dict[str, Any]]
-    train_forward: Optional[Callable[[nn.Module, torch.Tensor], torch.Tensor]] = None
+    train_forward: Optional[Callable[..., Any]] = None
 
 
 _MODEL_KINDS: dict[str, ModelKind] = {}
@@ -74,7 +76,7 @@ def register_model_kind(
     build: Optional[Callable[[dict[str, Any]], nn.Module]] = None,
     config_of: Optional[Callable[[nn.Module], dict[str, Any]]] = None,
     full_config: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None,
-    train_forward: Optional[Callable[[nn.Module, torch.Tensor], torch.Tensor]] = None,
+    train_forward: Optional[Callable[..., Any]] = None,
 ) -> None:
     """Make ``model_class`` savable as a run of kind ``name``: ``save_run``, ``load_run``, the probes and the
     command line then take it like the library's own models. The defaults suit a class built from its config
@@ -115,7 +117,7 @@ def model_kind_of(model: nn.Module) -> str:
                         "see rwinterp.runs.register_model_kind")
 
 
-def train_forward(model: nn.Module) -> Optional[Callable[[nn.Module, torch.Tensor], torch.Tensor]]:
+def train_forward(model: nn.Module) -> Optional[Callable[..., Any]]:
     """The registered :attr:`ModelKind.train_forward` of ``model``'s kind (``None``: none, or no kind registered)."""
     try:
         return _kind(model_kind_of(model)).train_forward

@@ -379,15 +379,28 @@ class _Alone:
         self._set_forward(model)
 
     def _set_forward(self, model: torch.nn.Module) -> None:
-        """How a training step calls the model: its kind's ``train_forward`` where registered, else its forward
-        pass; the token values are checked once, when the data are joined, not by the model at every step (a
-        check that reads the data, which also cannot run under ``vmap``)."""
+        """How training calls the model, in its steps and its evaluations: its kind's ``train_forward`` where
+        registered, else its forward pass (with hooks on the attention patterns to evaluate). The token values are
+        checked once, when the data are joined, not by the model at every step (a check that reads the data,
+        which also cannot run under ``vmap``)."""
         from rwinterp.runs import train_forward
 
-        self.kwargs = kwargs = {"check": False} if "check" in inspect.signature(model.forward).parameters else {}
+        self.kwargs = {"check": False} if "check" in inspect.signature(model.forward).parameters else {}
         # (a model kind may compute its logits faster where no hook is read: TransformerLens' bridge does)
-        self.call = train_forward(model) or (lambda m, inputs: m(inputs, **kwargs))
+        self.fast = train_forward(model)
         self.d_vocab = int(model.cfg.d_vocab)
+
+    def logits(self, model: torch.nn.Module, inputs: torch.Tensor, patterns: bool) -> tuple[torch.Tensor, tuple]:
+        """The logits of ``inputs`` and, with ``patterns``, each layer's attention rows at the label's row."""
+        row = label_row(self.states)
+        if self.fast is not None:
+            logits, heads = self.fast(model, inputs, row) if patterns else (self.fast(model, inputs), ())
+        elif patterns:
+            store: dict = {}
+            logits, heads = logits_and_pattern(model, inputs, store, row, **self.kwargs), store["heads"]
+        else:
+            logits, heads = model(inputs, **self.kwargs), ()
+        return logits, tuple(heads)
 
     def check(self, batches: list[Batch]) -> None:
         """Refuse tokens outside the vocabulary in one line (what the model's own check would refuse)."""
@@ -408,11 +421,8 @@ class _Alone:
         return tensor
 
     def forward(self, batch: Batch, patterns: bool) -> _Pass:
-        model, store, kwargs = self.models[0], {}, self.kwargs
-        inputs = model_inputs(batch, self.states)
-        row = label_row(self.states)
-        logits = logits_and_pattern(model, inputs, store, row, **kwargs) if patterns else self.call(model, inputs)
-        return _Pass(objective(self.config, logits, batch, self.states, self.K), logits, store.get("heads", []))
+        logits, heads = self.logits(self.models[0], model_inputs(batch, self.states), patterns)
+        return _Pass(objective(self.config, logits, batch, self.states, self.K), logits, list(heads))
 
     def values(self, loss: torch.Tensor) -> list[float]:
         return [float(loss.detach())]
@@ -464,14 +474,12 @@ class _Stacked(_Alone):
         return tensor[i]
 
     def forward(self, joined: "_Joined", patterns: bool) -> _Pass:  # type: ignore[override]
-        config, states, K, kwargs = self.config, self.states, self.K, self.kwargs
-        row = label_row(states)
+        config, states, K = self.config, self.states, self.K
 
         def one(model: torch.nn.Module, tokens: Any, labels: Any, weights: Any, seqs: Any) -> tuple:
-            batch, store = Batch(tokens, labels, weights, seqs), {}
-            inputs = model_inputs(batch, states)
-            logits = logits_and_pattern(model, inputs, store, row, **kwargs) if patterns else self.call(model, inputs)
-            return objective(config, logits, batch, states, K), logits, tuple(store.get("heads", ()))
+            batch = Batch(tokens, labels, weights, seqs)
+            logits, heads = self.logits(model, model_inputs(batch, states), patterns)
+            return objective(config, logits, batch, states, K), logits, heads
 
         b, dim = joined.batch, joined.dim
         dims = [None if t is None else dim for t in (b.tokens, b.labels, b.weights, b.states)]

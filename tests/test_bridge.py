@@ -32,7 +32,7 @@ from rwinterp.config import BridgeOptions, TrainConfig
 from rwinterp.errors import RwinterpError
 from rwinterp.runs import load_run, save_run, train_forward
 from rwinterp.tasks import CircleWalk, circle_transition
-from rwinterp.training import train
+from rwinterp.training import logits_and_pattern, train
 
 K = 5
 P = 0.8
@@ -285,13 +285,26 @@ def test_training_computes_the_bridge_without_its_hooks(options):
     scale = max(float(g.abs().max()) for g in expected)  # (b_K's gradient is 0 but for round-off)
     for got, want in zip(torch.autograd.grad((fast * weight).sum(), params), expected):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12 * scale)
+    # evaluation steps: each layer's attention row at the label's query, as the hooks record it
+    for row in (-1, -2):
+        store: dict = {}
+        with torch.no_grad():
+            slow = logits_and_pattern(model, tokens, store, row)
+            fast, rows = hook_free_logits(model, tokens, row)
+        torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12 * float(slow.abs().max()))
+        assert len(rows) == len(store["heads"]) == 2
+        for got, want in zip(rows, store["heads"]):
+            assert got.shape == (8, options.get("n_heads", 1), LENGTH) and not got.requires_grad
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
     fired = []
     model.blocks[1].attn.hook_pattern.add_hook(lambda pattern, hook: fired.append(pattern.shape))
     try:
-        torch.testing.assert_close(hook_free_logits(model, tokens), slow, rtol=0, atol=0)
+        torch.testing.assert_close(hook_free_logits(model, tokens), model(tokens), rtol=0, atol=0)
+        logits, rows = hook_free_logits(model, tokens, -2)
+        torch.testing.assert_close(rows[1], store["heads"][1], rtol=0, atol=0)  # (the hooks' own row -2, above)
     finally:
         model.reset_hooks()
-    assert fired == [(8, options.get("n_heads", 1), LENGTH, LENGTH)]
+    assert fired == [(8, options.get("n_heads", 1), LENGTH, LENGTH)] * 3
 
 
 def test_training_without_hooks_follows_the_bridge_itself():
@@ -306,6 +319,7 @@ def test_training_without_hooks_follows_the_bridge_itself():
     for a, b in zip(*runs):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-10)
         assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-10)
+        assert sum(a["parent_attention_heads"], []) == pytest.approx(sum(b["parent_attention_heads"], []), rel=1e-10)
     # b_K moves the scores of a query by a constant, which the softmax ignores: its gradient is round-off, which
     # Adam scales up to full steps, so it is the one weight that the two paths leave apart
     for name, value in weights(hooked).items():

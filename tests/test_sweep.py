@@ -181,13 +181,15 @@ def test_no_gpu_no_ray_cluster_and_a_bad_spec_are_one_line_errors(tmp_path, caps
 
 
 def test_stale_temporary_directories_of_dead_processes_are_removed(tmp_path):
-    from rwinterp.atomic import remove_stale_in
+    from rwinterp.atomic import remove_stale, remove_stale_in
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
     for name in (f".a.tmp-{dead}-0123abcd", f".b.tmp-{os.getpid()}-0123abcd", "c", f".d.old-{dead}-89abcdef"):
         (tmp_path / name).mkdir()
     (tmp_path / f".table.csv.tmp-{dead}-0123abcd").write_text("half")
+    remove_stale(tmp_path / "a")  # (the siblings of one target only)
+    assert not (tmp_path / f".a.tmp-{dead}-0123abcd").exists() and (tmp_path / f".d.old-{dead}-89abcdef").exists()
     remove_stale_in(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f".b.tmp-{os.getpid()}-0123abcd", "c"]
 
