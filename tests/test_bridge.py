@@ -309,7 +309,8 @@ def test_training_computes_the_bridge_without_its_hooks(options):
 
 def test_training_without_hooks_follows_the_bridge_itself():
     """Training the bridge through ``hook_free_logits`` follows the trajectory of training it through its own
-    forward pass (a model with a do-nothing hook attached): every loss and weight to 1e-10 relative (float64)."""
+    forward pass (a model with a do-nothing hook attached): every loss, every evaluation's attention on the
+    parents (each head's, from its hook-free row) and every weight to 1e-10 relative (float64)."""
     config = TrainConfig(optimizer="adamw", lr=1e-2, steps=20, loss="xent", next_token=True, batch_size=16,
                          n_train=64, n_test=64, seed=7, eval_every=5)
     fast, hooked = bridge(n_layers=2, dtype="float64"), bridge(n_layers=2, dtype="float64")
