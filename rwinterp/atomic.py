@@ -119,13 +119,21 @@ def remove_stale_in(folder: str | Path) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs. A process that has ended but is not yet reaped by its parent (a zombie,
+    as a command killed outright is until its shell or caller waits for it) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:  # gone since, or no /proc (then os.kill is all there is)
+        return not os.path.isdir("/proc")
+    except (OSError, IndexError):
         return True
-    return True
 
 
 def publish(tmp: Path, target: Path) -> None:

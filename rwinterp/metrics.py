@@ -9,8 +9,6 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from rwinterp.losses import average
-
 
 def predict(scores: Float[Tensor, "... K"]) -> Int[Tensor, "..."]:
     """The paper's prediction: the smallest index among the maximisers of the scores.
@@ -34,13 +32,14 @@ def accuracy(
 
 
 def accuracy_tensor(
-    scores: Float[Tensor, "batch K"],
-    labels: Int[Tensor, " batch"],
-    weights: Float[Tensor, " batch"] | None = None,
-) -> Float[Tensor, ""]:
-    """:func:`accuracy` as a float64 tensor on the scores' device (read many at once, with one transfer)."""
+    scores: Float[Tensor, "*models batch K"],
+    labels: Int[Tensor, "*models batch"],
+    weights: Float[Tensor, "*models batch"] | None = None,
+) -> Float[Tensor, "*models"]:
+    """:func:`accuracy` as a float64 tensor on the scores' device (read many at once, with one transfer); with
+    leading axes (a stack of models), one number for each."""
     hits = (predict(scores) == labels).to(torch.float64)
-    return average(hits, weights)
+    return _over_samples(hits, weights)
 
 
 def parent_attention(
@@ -53,13 +52,20 @@ def parent_attention(
 
 
 def parent_attention_tensor(
-    pattern: Float[Tensor, "batch pos"],
+    pattern: Float[Tensor, "*models batch pos"],
     parents: Sequence[int],
-    weights: Float[Tensor, " batch"] | None = None,
-) -> Float[Tensor, ""]:
-    """:func:`parent_attention` as a float64 tensor on the pattern's device."""
-    on_parent = pattern[:, list(parents)].sum(-1).to(torch.float64)
-    return average(on_parent, weights)
+    weights: Float[Tensor, "*models batch"] | None = None,
+) -> Float[Tensor, "*models"]:
+    """:func:`parent_attention` as a float64 tensor on the pattern's device; with leading axes, one number for
+    each."""
+    on_parent = pattern[..., list(parents)].sum(-1).to(torch.float64)
+    return _over_samples(on_parent, weights)
+
+
+def _over_samples(values: Float[Tensor, "*models batch"], weights: Float[Tensor, "*models batch"] | None) -> Tensor:
+    """:func:`rwinterp.losses.average` over the last axis: each model's samples are summed as one contiguous row,
+    the same sum for a model alone and for each model of a stack."""
+    return values.mean(-1) if weights is None else (values * weights.to(values.dtype)).sum(-1)
 
 
 def exact_scale(x: Tensor) -> float:
@@ -78,8 +84,18 @@ def normalized(matrix: Tensor) -> Tensor:
 
 def transition_distance(V: Float[Tensor, "K K"], Pi: Float[Tensor, "K K"]) -> float:
     """The paper's ``|| V/||V||_F - Pi^T/||Pi^T||_F ||_F`` (NaN when V = 0). In [0, 2]."""
+    return float(transition_distance_tensor(V, Pi))
+
+
+def transition_distance_tensor(V: Float[Tensor, "*models K K"], Pi: Float[Tensor, "K K"]) -> Float[Tensor, "*models"]:
+    """:func:`transition_distance` as a float64 tensor on V's device; with leading axes (a stack of models), one
+    number for each. Each matrix is divided by a power of two near its largest entry before its norm is taken
+    (:func:`exact_scale`)."""
+    def unit(matrix: Tensor) -> Tensor:
+        top = matrix.abs().amax((-2, -1), keepdim=True)
+        scale = torch.exp2(torch.frexp(top).exponent.to(top.dtype))
+        matrix = matrix / torch.where((top > 0) & top.isfinite(), scale, torch.ones_like(top))
+        return matrix / torch.linalg.matrix_norm(matrix, keepdim=True)
+
     V = V.detach().to(torch.float64)
-    if not bool((V != 0).any()):
-        return math.nan
-    Pi_T = Pi.to(V.device, torch.float64).T
-    return float((normalized(V) - normalized(Pi_T)).norm())
+    return torch.linalg.matrix_norm(unit(V) - unit(Pi.to(V.device, torch.float64).T))

@@ -58,14 +58,17 @@ Two paths that compute the same function faster
   :attr:`DeepTransformer.W`, rebuilt exactly from u and the stored initial W. Attention scores come
   from the tokens (``u_tok[x_i] + p_i . u_pos``) and values from token counts, without any
   ``[batch, pos, d_model]`` tensor, unless a hook asks for one; a hook that edits the query slot's row
-  is followed (the scores then use W on the edited query).
+  is followed (the scores then use W on the edited query). With raw (not normalised) tokens and no hook
+  on the attention, the softmax separates too, ``exp(u_tok[x_i] + p_i . u_pos) = exp(u_tok[x_i])
+  exp(p_i . u_pos)``, and neither the ``[batch, pos]`` scores nor the pattern is formed
+  (:class:`SeparableAttention`; :func:`training_logits` gives training the pattern's rows from it).
 * **Fixed rows** (any ``query``-mode model): the rows other than the query slot never change, so unless
   a hook asks for a tensor that holds them the model builds only the query slot's row and reads the
   others through ``[batch, heads, pos]`` tables (:class:`FixedRows`).
 
 Both give the outputs and gradients of the dense computation to round-off (``tests/test_model.py``),
 and the sums whose round-off would break the exact symmetry of the deterministic walk are done by
-:class:`SymmetricReadout` and :class:`QueryProjection`.
+:class:`SymmetricReadout`, :class:`QueryProjection` and :class:`SeparableAttention`.
 
 Hooks (HookedTransformer names; Q = 1 in ``query`` mode, N in ``causal`` mode)
 ------------------------------------------------------------------------------
@@ -324,6 +327,80 @@ class TokenLookup(torch.autograd.Function):
         return TokenLookup.apply(*_batch_first(info, in_dims, table, tokens)), 0
 
 
+def _column_sum(x: Float[Tensor, "... batch n"]) -> Float[Tensor, "... n"]:
+    """``x.sum(-2)`` with every column added up in row order: the rows are added one after another into one row
+    (``index_add_``), elementwise additions that round every column alike. A sum over an outer axis vectorises
+    across columns and rounds the columns at the edge of its SIMD blocks differently (see
+    :class:`SymmetricReadout`): equal columns would not give equal sums."""
+    into = x.new_zeros(*x.shape[:-2], 1, x.shape[-1])
+    return into.index_add_(-2, x.new_zeros(x.shape[-2], dtype=torch.long), x)[..., 0, :]
+
+
+class SeparableAttention(torch.autograd.Function):
+    """The rank-one head's attention-weighted token counts when every score is a token part plus a position
+    part: ``A[b, k] = sum_{i: x_bi = k} softmax_i(c[x_bi] + d_i)``, ``[..., batch, vocab]``. This is the paper's
+    model with one-hot tokens, whose key ``x~_i . u`` is ``u_tok[x_i] + p_i . u_pos``.
+
+    The exponential then separates, ``exp(c[x_bi] + d_i) = w[x_bi] e_i`` with ``w = exp(c - max c)`` and
+    ``e = exp(d - max d)``, and so does the softmax::
+
+        S[b, k] = sum_{i: x_bi = k} e_i        P = S w        A[b, k] = P[b, k] / Z_b,  Z_b = sum_k P[b, k]
+
+    The forward pass is one scatter of ``e`` by token, with exponentials of vocab + N numbers instead of batch
+    x N, and no ``[batch, pos]`` scores or pattern; the backward reads the tokens once more:
+    ``dL/dd_i = e_i sum_b (g w)[b, x_bi]``, ``dL/dc_k = sum_b g[b, k] P[b, k]`` with
+    ``g = (G - sum_k A G) / Z``. Every sum over walks is a row reduction or a column sum in walk order
+    (:func:`_column_sum`), the same code for every token and position, so the exact symmetry of the
+    deterministic walk survives (see :class:`SymmetricReadout`).
+
+    A walk's terms ``w[x_bi] e_i`` are its softmax's terms times ``exp(-delta_b)``, ``delta_b >= 0`` the distance of
+    its largest score from ``max c + max d``: terms that the softmax keeps in range can underflow here. Where some
+    walk's ``Z_b`` is below the square root of the smallest normal number (a walk whose scores all lie far below
+    the largest possible), the scores are formed and shifted by each walk's largest, as the softmax does;
+    otherwise a term lost to underflow is below ``1e-150`` of its walk's total (float64; ``1e-18`` in float32).
+
+    With ``rows`` the second output is the pattern itself (``[..., batch, N]``, no gradient), else empty."""
+
+    @staticmethod
+    def forward(c: Tensor, d: Tensor, tokens: Tensor, rows: bool) -> tuple[Tensor, ...]:
+        w = (c - c.amax(-1, keepdim=True)).exp()
+        e = (d - d.amax(-1, keepdim=True)).exp()
+        S = c.new_zeros(*tokens.shape[:-1], c.shape[-1]).scatter_add_(-1, tokens, e[..., None, :].expand(tokens.shape))
+        P = S * w[..., None, :]
+        Z = P.sum(-1, keepdim=True)
+        per_walk = c.new_empty(0)  # exp(score - the walk's largest), where a walk's terms w e are all tiny
+        if Z.numel() and float(Z.min()) < torch.finfo(c.dtype).tiny ** 0.5:
+            scores = TokenLookup.forward(c, tokens) + d[..., None, :]
+            per_walk = (scores - scores.amax(-1, keepdim=True)).exp()
+            P = c.new_zeros(S.shape).scatter_add_(-1, tokens, per_walk)
+            Z = P.sum(-1, keepdim=True)
+        pattern = c.new_empty(*tokens.shape[:-1], 0)
+        if rows:
+            pattern = (per_walk / Z if per_walk.numel()
+                       else (w[..., None, :] / Z).gather(-1, tokens).mul_(e[..., None, :]))
+        return P / Z, pattern, P, Z, w, e, per_walk
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.save_for_backward(inputs[2], output[0], *output[2:])
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor, *_: Any) -> tuple[Tensor, Tensor, None, None]:
+        tokens, A, P, Z, w, e, per_walk = ctx.saved_tensors
+        g = (grad - _inner_sum(A, grad)[..., None]) / Z
+        grad_c = (g * P).mT.contiguous().sum(-1)  # summed over walks, as a row reduction
+        if per_walk.numel():
+            grad_d = _column_sum(g.gather(-1, tokens) * per_walk)
+        else:
+            grad_d = e * _column_sum((g * w[..., None, :]).gather(-1, tokens))
+        return grad_c, grad_d, None, None
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, c: Tensor, d: Tensor, tokens: Tensor, rows: bool) -> tuple[tuple, tuple]:
+        return SeparableAttention.apply(*_batch_first(info, in_dims, c, d, tokens, rows)), (0,) * 7
+
+
 def _one_query(x_q: Tensor) -> bool:
     """Whether every walk has the same single query row (of every model, with leading dimensions)."""
     return x_q.shape[-2] == 1 and torch.equal(x_q, x_q[..., :1, :, :].expand_as(x_q))
@@ -541,6 +618,20 @@ class Attention(nn.Module):
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / self.cfg.attn_scale)
         z = self.hook_z(z.transpose(1, 2))  # [batch, pos, H, d_head]
         return z.flatten(2) @ self.W_O.flatten(0, 1)
+
+    def separable(
+        self,
+        token_keys: Float[Tensor, " d_vocab"],
+        position_keys: Float[Tensor, " pos"],
+        tokens: Int[Tensor, "batch pos"],
+        rows: bool = False,
+    ) -> tuple[Float[Tensor, "batch 1 1 d_head"], Float[Tensor, "batch 1 pos"]]:
+        """``z`` of the rank-one query path when every key is ``token_keys[x_i] + position_keys[i]`` and nothing
+        hooks the queries, keys, scores, pattern or values (:class:`SeparableAttention`); with ``rows``, also the
+        query slot's pattern (else an empty tensor)."""
+        summed, pattern = SeparableAttention.apply(token_keys, position_keys, tokens, rows)[:2]
+        z = SymmetricReadout.apply(summed[:, : self.cfg.n_states], self.W_V[0].T)[:, None, None, :]
+        return self.hook_z(z), pattern[:, None]
 
     def rank_one(
         self,
@@ -1090,13 +1181,16 @@ class DeepTransformer(HookedRootModule):
             points += [block.hook_resid_mid] if self.cfg.mlp_width is not None else []
         return not any(point.has_hooks() for point in points)
 
-    def _rank_one_forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch 1 K"]:
-        """The forward pass with the rank-one query (see the module docstring)."""
+    def _rank_one_forward(self, tokens: Int[Tensor, "batch pos"], rows: Optional[list] = None
+                          ) -> Float[Tensor, "batch 1 K"]:
+        """The forward pass with the rank-one query (see the module docstring). ``rows``, a list, gets the query
+        slot's attention pattern (``[batch, 1, pos]``, no gradient) where the separable path computes it."""
         cfg = self.cfg
         block = self.blocks[0]
+        attn = block.attn
         u = self.u
         K = cfg.n_states
-        token_part = None
+        token_part = z = None
         if any(h.has_hooks() for h in (self.hook_embed, self.hook_pos_embed, block.hook_resid_pre)):
             embed, pos = self._embeddings(tokens)
             resid = block.hook_resid_pre(embed + pos)
@@ -1107,6 +1201,11 @@ class DeepTransformer(HookedRootModule):
             if edit is not None:
                 keys = keys + edit
             token_part = resid[..., :K]
+        elif self._separable():
+            # The scores u_tok[x_i] + p_i . u_pos separate into a token part and a position part.
+            z, pattern = attn.separable(self.W_E @ u, self.W_pos @ u, tokens, rows is not None)
+            if rows is not None:
+                rows.append(pattern)
         else:
             # x~_i . u = u_tok[x_i] + p_i . u_pos, without building [batch, pos, d_model].
             W_E, W_pos = self.W_E, self.W_pos
@@ -1114,7 +1213,9 @@ class DeepTransformer(HookedRootModule):
             if cfg.normalize_tokens:  # ||x~_i||^2 = ||embedding||^2 + ||p_i||^2 (disjoint coordinates)
                 squared = TokenLookup.apply(W_E.pow(2).sum(-1), tokens) + W_pos.pow(2).sum(-1)[None, :]
                 keys = keys / squared.sqrt() * cfg.token_norm
-        head_out = block.attn.rank_one(keys, tokens, token_part).flatten(1, 2)  # [batch, 1, d_head]
+        if z is None:
+            z = attn.rank_one(keys, tokens, token_part)
+        head_out = z.flatten(1, 2)  # [batch, 1, d_head]
         dense = [getattr(block, n) for n in ("hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
                  if hasattr(block, n)]
         if not any(h.has_hooks() for h in dense):
@@ -1129,6 +1230,15 @@ class DeepTransformer(HookedRootModule):
             mlp_out = block.hook_mlp_out(block._mlp_out(resid_mid))
             resid_post = block.hook_resid_post(mlp_out)
         return resid_post[..., :K]
+
+    def _separable(self) -> bool:
+        """Whether the rank-one query path takes :class:`SeparableAttention`: raw (not normalised) tokens, and no
+        hook on a tensor that it does not form (the embeddings, the residual stream into the block, the queries,
+        keys, scores, pattern or values)."""
+        attn = self.blocks[0].attn
+        points = (self.hook_embed, self.hook_pos_embed, self.blocks[0].hook_resid_pre, attn.hook_q, attn.hook_k,
+                  attn.hook_attn_scores, attn.hook_pattern, attn.hook_v)
+        return self.cfg.rank_one and not self.cfg.normalize_tokens and not any(p.has_hooks() for p in points)
 
     def _query_edit(self, resid: Float[Tensor, "batch pos d_model"]) -> Optional[Float[Tensor, "batch pos"]]:
         """What a hook's edit of the query slot's input adds to the rank-one scores ``x~_i^T W q``.
@@ -1176,5 +1286,24 @@ class DeepTransformer(HookedRootModule):
                             for layer in range(self.cfg.n_layers)], dim=1)
 
 
+def training_logits(
+    model: DeepTransformer, tokens: Int[Tensor, "batch pos"], pattern_row: Optional[int] = None
+) -> Float[Tensor, "batch Q K"] | tuple[Tensor, list[Float[Tensor, "batch head pos"]]]:
+    """What training runs (the deep kind's ``train_forward``): the logits, without the check of the token values
+    (training checks its data once), and with ``pattern_row`` also each layer's attention pattern at that row
+    (``[batch, head, pos]``, detached), as :func:`rwinterp.training.logits_and_pattern` reads it from
+    ``hook_pattern``. The paper's model forms its pattern on the separable path (:class:`SeparableAttention`),
+    without hooks; any other model, or one with hooks attached, runs through its hooks."""
+    if pattern_row is None:
+        return model(tokens, check=False)
+    if model._separable():
+        rows: list = []
+        return model._rank_one_forward(model._check_tokens(tokens, values=False), rows), rows
+    from rwinterp.training import logits_and_pattern
+
+    store: dict = {}
+    return logits_and_pattern(model, tokens, store, pattern_row, check=False), store["heads"]
+
+
 register_model_kind("deep", DeepTransformer, config_of=lambda model: model.cfg.to_dict(),
-                    full_config=lambda config: DeepConfig.from_dict(config).to_dict())
+                    full_config=lambda config: DeepConfig.from_dict(config).to_dict(), train_forward=training_logits)

@@ -50,7 +50,7 @@ from tqdm.auto import tqdm
 from rwinterp import losses
 from rwinterp.config import DEVICES, TrainConfig
 from rwinterp.errors import RwinterpError, require
-from rwinterp.metrics import accuracy_tensor, parent_attention_tensor, transition_distance
+from rwinterp.metrics import accuracy_tensor, parent_attention_tensor, transition_distance_tensor
 from rwinterp.tasks import Batch, Task
 
 __all__ = ["TrainConfig", "TrainResult", "TrainingDiverged", "train", "train_seeds", "make_data", "held_out_data"]
@@ -230,13 +230,16 @@ def _optimizer(params: Any, config: TrainConfig) -> torch.optim.Optimizer:
     return GradientDescent(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
-def _v_distance(model: torch.nn.Module, task: Task) -> Optional[float]:
+def _v_distances(models: list[torch.nn.Module], task: Task) -> list[Optional[float]]:
+    """Each model's distance of V from the task's transition matrix (:func:`transition_distance`); ``None`` where
+    the task has none, the model no V of K x K, or V = 0."""
     Pi = getattr(task, "transition_matrix", None)
-    V = getattr(model, "V", None)
-    if Pi is None or V is None or V.shape[0] != model.cfg.n_states:
-        return None
-    d = transition_distance(V.detach().cpu(), Pi())  # (on the CPU: a K x K matrix, read with one transfer)
-    return None if math.isnan(d) else d
+    Vs = [getattr(model, "V", None) for model in models]
+    if Pi is None or any(V is None or V.shape[0] != model.cfg.n_states for V, model in zip(Vs, models)):
+        return [None] * len(models)
+    # (on the CPU: K x K matrices, read with one transfer)
+    distances = transition_distance_tensor(torch.stack([V.detach() for V in Vs]).cpu(), Pi()).tolist()
+    return [None if math.isnan(d) else d for d in distances]
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -386,7 +389,7 @@ class _Alone:
         from rwinterp.runs import train_forward
 
         self.kwargs = {"check": False} if "check" in inspect.signature(model.forward).parameters else {}
-        # (a model kind may compute its logits faster where no hook is read: TransformerLens' bridge does)
+        # (a model kind may compute its logits faster where no hook is read: the paper's model and the bridge do)
         self.fast = train_forward(model)
         self.d_vocab = int(model.cfg.d_vocab)
 
@@ -426,6 +429,12 @@ class _Alone:
 
     def values(self, loss: torch.Tensor) -> list[float]:
         return [float(loss.detach())]
+
+    def summaries(self, train: _Pass, test: _Pass, train_data: Batch, test_data: Batch, row: int, K: int,
+                  parents: Sequence[int]) -> torch.Tensor:
+        """``[models, 2 + heads]``: each model's accuracy on the training and the test data, then each head's
+        attention on the parent positions (:func:`_summary`)."""
+        return _summary(train.logits, test.logits, test.heads, train_data, test_data, row, K, parents)[None]
 
     def backward(self, loss: torch.Tensor, scale: float) -> None:
         (loss * scale).backward()
@@ -489,6 +498,10 @@ class _Stacked(_Alone):
     def values(self, loss: torch.Tensor) -> list[float]:
         return loss.detach().tolist()
 
+    def summaries(self, train: _Pass, test: _Pass, train_data: "_Joined",  # type: ignore[override]
+                  test_data: "_Joined", row: int, K: int, parents: Sequence[int]) -> torch.Tensor:
+        return _summary(train.logits, test.logits, test.heads, train_data.batch, test_data.batch, row, K, parents).T
+
     def backward(self, loss: torch.Tensor, scale: float) -> None:
         # Each model's loss depends on its own slice alone: the sum's gradient is every model's gradient.
         (loss * scale).sum().backward()
@@ -500,6 +513,19 @@ class _Stacked(_Alone):
 
     def finish(self) -> None:
         self.stack.release()
+
+
+def _summary(logits: torch.Tensor, test_logits: torch.Tensor, heads: list[torch.Tensor], train_data: Batch,
+             test_data: Batch, row: int, K: int, parents: Sequence[int]) -> torch.Tensor:
+    """The evaluation numbers, ``[numbers, *models]``: the accuracy of the scores at ``row`` on the training and the
+    test data, then each layer's and head's attention on the parent positions (test data). The models of a stack
+    come first in every tensor (``logits [*models, batch, pos, vocab]``, ``heads [*models, batch, head, pos]``),
+    except in data that every model shares (``labels [batch]``)."""
+    numbers = [accuracy_tensor(logits[..., row, :K].detach(), train_data.labels, train_data.weights),
+               accuracy_tensor(test_logits[..., row, :K].detach(), test_data.labels, test_data.weights)]
+    numbers += [parent_attention_tensor(layer[..., h, :], parents, test_data.weights) for layer in heads
+                for h in range(layer.shape[-2])]
+    return torch.stack(numbers)
 
 
 @dataclass
@@ -583,7 +609,7 @@ def _fit(
         loss = None
         if evaluate or full_batch:
             with torch.set_grad_enabled(full_batch):  # a mini-batch step backpropagates its own batch, not this
-                out = trainees.forward(train_all, patterns=True)
+                out = trainees.forward(train_all, patterns=test_all is None)  # (the test set's rows are recorded)
             loss = out.loss
             loss_values = trainees.values(loss)
             for i in list(live):
@@ -596,19 +622,12 @@ def _fit(
             with torch.no_grad():
                 test = out if test_all is None else trainees.forward(test_all, patterns=True)
                 test_values = loss_values if test_all is None else trainees.values(test.loss)
-            # Every model's accuracies and attention, as tensors read back at once (one transfer from a GPU).
-            numbers = []
-            for i in live:
-                train_data, test_data = sets[i]
-                scores = trainees.one(out.logits, i)[:, row, :K].detach()
-                test_scores = trainees.one(test.logits, i)[:, row, :K].detach()
-                heads = [trainees.one(layer, i) for layer in test.heads]
-                numbers += [accuracy_tensor(scores, train_data.labels, train_data.weights),
-                            accuracy_tensor(test_scores, test_data.labels, test_data.weights)]
-                numbers += [parent_attention_tensor(layer[:, h], parents, test_data.weights)
-                            for layer in heads for h in range(layer.shape[1])]
-            numbers = iter(torch.stack(numbers).tolist())
-            for i in live:
+            # Every model's accuracies and attention, read back at once (one transfer from a GPU).
+            summaries = trainees.summaries(out, test, train_all, train_all if test_all is None else test_all, row, K,
+                                           parents).tolist()
+            distances = _v_distances([models[i] for i in live], task)
+            for i, v_distance in zip(live, distances):
+                numbers = iter(summaries[i])
                 record = {
                     "step": step,
                     "loss": loss_values[i],
@@ -618,7 +637,7 @@ def _fit(
                 }
                 per_head = [[next(numbers) for _ in range(cfg.n_heads)] for _ in range(cfg.n_layers)]
                 record["parent_attention"] = per_head[0][0]
-                record["v_distance"] = _v_distance(models[i], task)
+                record["v_distance"] = v_distance
                 if cfg.n_layers * cfg.n_heads > 1:
                     record["parent_attention_heads"] = per_head
                 results[i].history.append(record)

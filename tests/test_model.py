@@ -11,7 +11,7 @@ from transformer_lens.model_protocol import TransformerLensModel
 
 from rwinterp.errors import RwinterpError
 from rwinterp.metrics import predict
-from rwinterp.model import DeepConfig, DeepTransformer, positional_embeddings
+from rwinterp.model import DeepConfig, DeepTransformer, _column_sum, positional_embeddings, training_logits
 from rwinterp.tasks import CircleWalk
 from tests.conftest import F32, assert_close
 
@@ -229,6 +229,85 @@ def test_autograd_gradients_equal_the_closed_form():
     assert_close(auto_V, closed_V)
     assert_close(auto_W, closed_W)
     assert closed_W.abs().max() > 1e-6  # a non-trivial check
+
+
+def set_keys(model, token_keys, position_keys):
+    """Set the rank-one model's u so that the key of token k at position i is ``token_keys[k] + position_keys[i]``
+    (the one-hot token coordinates come first; ``W_pos`` holds the positions' coordinates)."""
+    with torch.no_grad():
+        u = model.u
+        u.zero_()
+        u[: model.cfg.n_states] = token_keys
+        u.add_(torch.linalg.lstsq(model.W_pos, position_keys.to(u.dtype)[:, None]).solution[:, 0])
+    return model
+
+
+def walks_underflow(model, tokens) -> bool:
+    """Whether some walk's separated terms ``w[x_i] e_i`` (see SeparableAttention) all lie below sqrt(tiny)."""
+    c, d = (model.W_E @ model.u).detach(), (model.W_pos @ model.u).detach()
+    terms = (c - c.max()).exp()[tokens] * (d - d.max()).exp()
+    return bool(terms.sum(-1).min() < torch.finfo(terms.dtype).tiny ** 0.5)
+
+
+KEYS = {  # token keys (K = 5; the query token's is 0), position keys (N = 9)
+    "moderate": (torch.tensor([0.3, -1.0, 2.0, 0.5, -0.2]), torch.linspace(-2.0, 3.0, 9)),
+    # as after training (Fig 4): the parent's key far above the others, whose terms underflow to 0
+    "trained": (torch.tensor([0.5, -0.5, 1.0, 0.0, 0.2]), torch.cat([torch.full((7,), -1900.0),
+                                                                          torch.tensor([5.0, -1900.0])])),
+    # state 0's key 1000 above the others: a walk that never visits it has every term below 1e-430
+    "underflow": (torch.tensor([1000.0, 0.0, 0.3, -0.4, 0.1]), torch.linspace(-2.0, 3.0, 9)),
+}
+
+
+@pytest.mark.parametrize("keys", list(KEYS))
+@pytest.mark.parametrize("mlp", [None, 7])
+def test_separable_attention_matches_the_dense_path(keys, mlp):
+    """The paper's model without hooks takes SeparableAttention (each key a token part plus a position part):
+    its logits and gradients equal those of the dense path (a hook on the embeddings forces it), the underflow of a
+    walk's separated terms included, where it forms the scores and shifts them as the softmax does."""
+    model = set_keys(small(mlp_width=mlp), *KEYS[keys])
+    tokens = CircleWalk(5, 0.6, 9).sample(64, 0).tokens
+    assert walks_underflow(model, tokens) == (keys == "underflow")
+    results = []
+    for hooks in ([], [("hook_embed", lambda x, hook: x)]):
+        model.zero_grad()
+        logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+        (logits * torch.arange(1.0, 6.0, dtype=logits.dtype)).sum().backward()
+        results.append([logits.detach()] + [p.grad.clone() for p in model.parameters()])
+    (separable, *grads), (dense, *dense_grads) = results
+    assert_close(separable, dense)
+    assert_close(separable[:, 0], reference_scores(model, tokens))
+    assert all(g.abs().max() > 0 for g in dense_grads)
+    for got, want in zip(grads, dense_grads):
+        assert_close(got, want)
+
+
+@pytest.mark.parametrize("keys", list(KEYS))
+@pytest.mark.parametrize("normalize", [False, True])
+def test_training_logits_return_the_attention_rows(keys, normalize):
+    """What training runs: the logits and the query slot's attention pattern (``[batch, head, pos]``, detached), from
+    SeparableAttention, or through the hooks where the keys do not separate (normalised tokens)."""
+    model = set_keys(small(normalize_tokens=normalize), *KEYS[keys])
+    tokens = CircleWalk(5, 0.6, 9).sample(64, 0).tokens
+    logits, rows = training_logits(model, tokens, -1)
+    assert len(rows) == 1 and rows[0].shape == (64, 1, 9) and not rows[0].requires_grad
+    assert_close(rows[0], model.attention(tokens)[:, 0])
+    assert_close(rows[0].sum(-1), torch.ones(64, 1))
+    assert_close(logits, model(tokens))
+    assert_close(training_logits(model, tokens), logits)
+
+
+def test_column_sums_add_each_column_in_row_order():
+    """Equal columns give bit-equal sums (a sum over an outer axis rounds edge columns differently), for a stack of
+    matrices as for one."""
+    gen = torch.Generator().manual_seed(0)
+    for rows in (3, 300, 1001):
+        column = torch.randn(5, rows, 1, generator=gen, dtype=torch.float64) * 1e3
+        x = column.expand(5, rows, 97).contiguous()
+        sums = _column_sum(x)
+        assert torch.equal(sums, sums[:, :1].expand_as(sums))
+        assert torch.equal(_column_sum(x[2]), sums[2])
+        assert_close(sums, x.sum(-2), scale=x.abs().sum(-2))
 
 
 def test_bad_model_configs():

@@ -194,6 +194,25 @@ def test_stale_temporary_directories_of_dead_processes_are_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [f".b.tmp-{os.getpid()}-0123abcd", "c"]
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads a zombie's state from /proc")
+def test_the_temporary_directory_of_an_ended_process_not_yet_reaped_is_stale(tmp_path):
+    """A command killed outright is a zombie until its caller waits for it; the janitor may clean up before that."""
+    from rwinterp.atomic import remove_stale_in
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        state = lambda: Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]  # noqa: E731
+        while state() != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert state() == "Z"
+        (tmp_path / f".a.tmp-{child.pid}-0123abcd").mkdir()
+        remove_stale_in(tmp_path)
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        child.wait()
+
+
 # ---------------------------------------------------------------------------------------- slow tier
 @pytest.mark.slow
 def test_the_process_pool_gives_the_same_table_as_one_process(inline, tmp_path):

@@ -206,3 +206,37 @@ def test_deterministic_walk_keeps_exact_symmetry_with_sampled_walks(K, dtype):
     assert torch.equal(pattern, pattern[:, :1].expand_as(pattern))
     assert all(abs(h["test_accuracy"] - 1 / K) < 4 * math.sqrt((1 / K) * (1 - 1 / K) / 300)
                for h in result.history)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_evaluation_numbers_of_a_stack_are_each_models_own(weighted):
+    """Training evaluates a stack of models at once: each model's accuracy and parent attention equal, bit for bit,
+    those of the model alone (its samples summed as one row), and each V's distance from Pi that of V alone."""
+    from rwinterp.metrics import (accuracy_tensor, parent_attention_tensor, transition_distance,
+                                  transition_distance_tensor)
+
+    gen = torch.Generator().manual_seed(0)
+    models, batch, K, N = 4, 300, 5, 9
+    scores = torch.randn(models, batch, K, generator=gen, dtype=torch.float64)
+    scores[0, :10] = 1.0  # ties, broken towards the smallest label
+    labels = torch.randint(K, (models, batch), generator=gen)
+    pattern = torch.softmax(torch.randn(models, batch, N, generator=gen, dtype=torch.float64), -1)
+    weights = torch.rand(models, batch, generator=gen, dtype=torch.float64) if weighted else None
+    own = (lambda i: None) if weights is None else (lambda i: weights[i])
+    stacked = accuracy_tensor(scores, labels, weights)
+    attention = parent_attention_tensor(pattern, (6, 7), weights)
+    assert stacked.shape == attention.shape == (models,)
+    for i in range(models):
+        assert torch.equal(stacked[i], accuracy_tensor(scores[i], labels[i], own(i)))
+        assert torch.equal(attention[i], parent_attention_tensor(pattern[i], (6, 7), own(i)))
+        w = torch.full((batch,), 1 / batch, dtype=torch.float64) if weights is None else weights[i]
+        assert_close(attention[i], (pattern[i, :, 6:8].sum(-1) * w).sum())
+    Pi = CircleWalk(K, 0.3, N).transition_matrix()
+    scales = torch.tensor([1e-300, 1.0, 1e300, 0.0], dtype=torch.float64)
+    Vs = torch.randn(models, K, K, generator=gen, dtype=torch.float64) * scales[:, None, None]
+    distances = transition_distance_tensor(Vs, Pi)
+    assert distances[3].isnan() and math.isnan(transition_distance(Vs[3], Pi))
+    for i in range(3):
+        assert distances[i] == transition_distance(Vs[i], Pi)
+        V = Vs[i] / Vs[i].abs().max()
+        assert_close(distances[i], (V / V.norm() - Pi.T / Pi.norm()).norm())
