@@ -2,12 +2,12 @@
 
 from experiments.specs._walk import failure_figure
 
-NOTE = ("Holds because training keeps equal numbers equal: the value read-out and the positional gradient sum "
-        "along the innermost axis and gradient descent rounds its multiply and its subtract separately "
-        "(rwinterp.model.SymmetricReadout, rwinterp.training.GradientDescent), so V's columns get bit-identical "
-        "updates. A plain matmul read-out or torch.optim.SGD's fused update rounds the edge columns of a SIMD block "
-        "differently, which seeds an asymmetry that gradient descent amplifies until the model learns the walk "
-        "by attending to every 20th position. Sine embeddings still break it: the fragility study gives the step "
-        "for each precision.")
+NOTE = ("Holds because training keeps equal numbers equal: the value read-out sums along the innermost axis, "
+        "the positional gradient adds the walks up in order, and gradient descent rounds its multiply and its "
+        "subtract separately (rwinterp.model.SymmetricReadout, rwinterp.model.SeparableAttention, "
+        "rwinterp.training.GradientDescent), so V's columns get bit-identical updates. A plain matmul read-out or "
+        "torch.optim.SGD's fused update rounds the edge columns of a SIMD block differently, which seeds an "
+        "asymmetry that gradient descent amplifies until the model learns the walk by attending to every 20th "
+        "position. Sine embeddings still break it: the fragility study gives the step for each precision.")
 
 SPEC = failure_figure("9", K=20, N=101, note=NOTE)
