@@ -63,10 +63,9 @@ class StepView:
 
             from rwinterp.training import logits_and_pattern
 
-            store: dict[str, Any] = {}
             with torch.no_grad():
-                scores = logits_and_pattern(self.model, self.test.tokens, store)[:, -1, :]
-            self._forward = (scores.detach(), store["pattern"])
+                logits, heads = logits_and_pattern(self.model, self.test.tokens)
+            self._forward = (logits[:, -1, :].detach(), heads[0][:, 0])
         return self._forward
 
     @property

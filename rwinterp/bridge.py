@@ -117,8 +117,7 @@ def hook_free_logits(
             return model(tokens)
         from rwinterp.training import logits_and_pattern
 
-        store: dict = {}
-        return logits_and_pattern(model, tokens, store, pattern_row), store["heads"]
+        return logits_and_pattern(model, tokens, pattern_row)
     batch, n = tokens.shape
     rows = []
     resid = _raw(native.tok_embed)(tokens) + _raw(native.pos).weight[:n]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
@@ -72,14 +71,19 @@ def exact_scale(x: Tensor) -> float:
     """A power of two near ``max |x|`` (1 for a zero or non-finite ``x``). Dividing by it is exact, and
     keeps sums of squares finite for weights as large as 1e300 (whose norm overflows) or as small as
     1e-300 (whose squares underflow)."""
-    top = float(x.abs().max()) if x.numel() else 0.0
-    return math.ldexp(1.0, math.frexp(top)[1]) if top > 0 and math.isfinite(top) else 1.0
+    return float(_power_of_two_near(x.abs().max())) if x.numel() else 1.0
 
 
-def normalized(matrix: Tensor) -> Tensor:
-    """``matrix / ||matrix||_F``, computed without overflow (:func:`exact_scale`)."""
-    matrix = matrix / exact_scale(matrix)
-    return matrix / matrix.norm()
+def _power_of_two_near(top: Tensor) -> Tensor:
+    """:func:`exact_scale` of each entry of ``top`` (a largest magnitude)."""
+    scale = torch.exp2(torch.frexp(top).exponent.to(top.dtype))
+    return torch.where((top > 0) & top.isfinite(), scale, torch.ones_like(top))
+
+
+def normalized(matrix: Float[Tensor, "*models r c"]) -> Float[Tensor, "*models r c"]:
+    """``matrix / ||matrix||_F``, computed without overflow (:func:`exact_scale`); each matrix of a stack alone."""
+    matrix = matrix / _power_of_two_near(matrix.abs().amax((-2, -1), keepdim=True))
+    return matrix / torch.linalg.matrix_norm(matrix, keepdim=True)
 
 
 def transition_distance(V: Float[Tensor, "K K"], Pi: Float[Tensor, "K K"]) -> float:
@@ -89,13 +93,6 @@ def transition_distance(V: Float[Tensor, "K K"], Pi: Float[Tensor, "K K"]) -> fl
 
 def transition_distance_tensor(V: Float[Tensor, "*models K K"], Pi: Float[Tensor, "K K"]) -> Float[Tensor, "*models"]:
     """:func:`transition_distance` as a float64 tensor on V's device; with leading axes (a stack of models), one
-    number for each. Each matrix is divided by a power of two near its largest entry before its norm is taken
-    (:func:`exact_scale`)."""
-    def unit(matrix: Tensor) -> Tensor:
-        top = matrix.abs().amax((-2, -1), keepdim=True)
-        scale = torch.exp2(torch.frexp(top).exponent.to(top.dtype))
-        matrix = matrix / torch.where((top > 0) & top.isfinite(), scale, torch.ones_like(top))
-        return matrix / torch.linalg.matrix_norm(matrix, keepdim=True)
-
+    number for each."""
     V = V.detach().to(torch.float64)
-    return torch.linalg.matrix_norm(unit(V) - unit(Pi.to(V.device, torch.float64).T))
+    return torch.linalg.matrix_norm(normalized(V) - normalized(Pi.to(V.device, torch.float64).T))

@@ -1301,8 +1301,7 @@ def training_logits(
         return model._rank_one_forward(model._check_tokens(tokens, values=False), rows), rows
     from rwinterp.training import logits_and_pattern
 
-    store: dict = {}
-    return logits_and_pattern(model, tokens, store, pattern_row, check=False), store["heads"]
+    return logits_and_pattern(model, tokens, pattern_row, check=False)
 
 
 register_model_kind("deep", DeepTransformer, config_of=lambda model: model.cfg.to_dict(),

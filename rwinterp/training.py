@@ -132,21 +132,18 @@ def label_row(states: bool) -> int:
     return -2 if states else -1
 
 
-def logits_and_pattern(model: torch.nn.Module, inputs: torch.Tensor, store: dict, row: int = -1,
-                       **forward_kwargs: Any) -> torch.Tensor:
-    """Logits of ``inputs``; ``store["heads"][L]`` gets row ``row`` of layer L's attention pattern
-    ``[batch, heads, pos]`` (the query slot's, or the row that predicts the label) and ``store["pattern"]``
-    that of the first head. ``forward_kwargs`` go to the model's forward pass."""
+def logits_and_pattern(model: torch.nn.Module, inputs: torch.Tensor, row: int = -1,
+                       **forward_kwargs: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Logits of ``inputs`` and, read from ``hook_pattern``, row ``row`` of each layer's attention pattern
+    (``[batch, heads, pos]``, detached: the query slot's, or the row that predicts the label).
+    ``forward_kwargs`` go to the model's forward pass."""
     heads: list[torch.Tensor] = []
-    store["heads"] = heads
 
     def grab(pattern: torch.Tensor, hook: Any) -> None:
         heads.append(pattern[:, :, row if pattern.shape[2] > 1 else -1, :].detach())
 
     hooks = [(f"blocks.{layer}.attn.hook_pattern", grab) for layer in range(model.cfg.n_layers)]
-    logits = model.run_with_hooks(inputs, fwd_hooks=hooks, **forward_kwargs)
-    store["pattern"] = heads[0][:, 0]
-    return logits
+    return model.run_with_hooks(inputs, fwd_hooks=hooks, **forward_kwargs), heads
 
 
 def next_token_targets(batch: Batch, states: bool) -> torch.Tensor:
@@ -399,8 +396,7 @@ class _Alone:
         if self.fast is not None:
             logits, heads = self.fast(model, inputs, row) if patterns else (self.fast(model, inputs), ())
         elif patterns:
-            store: dict = {}
-            logits, heads = logits_and_pattern(model, inputs, store, row, **self.kwargs), store["heads"]
+            logits, heads = logits_and_pattern(model, inputs, row, **self.kwargs)
         else:
             logits, heads = model(inputs, **self.kwargs), ()
         return logits, tuple(heads)

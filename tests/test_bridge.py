@@ -287,13 +287,12 @@ def test_training_computes_the_bridge_without_its_hooks(options):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12 * scale)
     # evaluation steps: each layer's attention row at the label's query, as the hooks record it
     for row in (-1, -2):
-        store: dict = {}
         with torch.no_grad():
-            slow = logits_and_pattern(model, tokens, store, row)
+            slow, heads = logits_and_pattern(model, tokens, row)
             fast, rows = hook_free_logits(model, tokens, row)
         torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12 * float(slow.abs().max()))
-        assert len(rows) == len(store["heads"]) == 2
-        for got, want in zip(rows, store["heads"]):
+        assert len(rows) == len(heads) == 2
+        for got, want in zip(rows, heads):
             assert got.shape == (8, options.get("n_heads", 1), LENGTH) and not got.requires_grad
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
     fired = []
@@ -301,7 +300,7 @@ def test_training_computes_the_bridge_without_its_hooks(options):
     try:
         torch.testing.assert_close(hook_free_logits(model, tokens), model(tokens), rtol=0, atol=0)
         logits, rows = hook_free_logits(model, tokens, -2)
-        torch.testing.assert_close(rows[1], store["heads"][1], rtol=0, atol=0)  # (the hooks' own row -2, above)
+        torch.testing.assert_close(rows[1], heads[1], rtol=0, atol=0)  # (the hooks' own row -2, above)
     finally:
         model.reset_hooks()
     assert fired == [(8, options.get("n_heads", 1), LENGTH, LENGTH)] * 3
