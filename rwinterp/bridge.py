@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -98,7 +98,8 @@ def _hooked(model: TransformerBridge) -> bool:
 
 
 def hook_free_logits(
-    model: TransformerBridge, tokens: Int[Tensor, "batch pos"], pattern_row: Optional[int] = None
+    model: TransformerBridge, tokens: Int[Tensor, "batch pos"], pattern_row: Optional[int] = None,
+    keys: Optional[Sequence[int]] = None,
 ) -> Float[Tensor, "batch pos d_vocab"] | tuple[Tensor, list[Float[Tensor, "batch head pos"]]]:
     """The bridge's logits computed from its own weights without TransformerLens' wrappers: no hook fires, and
     causal attention is one fused ``scaled_dot_product_attention`` where the native model masks and normalises
@@ -106,7 +107,7 @@ def hook_free_logits(
     reads no hook, and a training step takes about two thirds of the time (``benchmarks/bench_icl.py``).
 
     With ``pattern_row`` it returns ``(logits, rows)``: each layer's attention pattern at query position
-    ``pattern_row`` (``[batch, head, pos]``, detached), what :func:`rwinterp.training.logits_and_pattern` reads
+    ``pattern_row`` (``[batch, head, pos]``, or the key positions ``keys`` alone; detached), what :func:`rwinterp.training.logits_and_pattern` reads
     from ``hook_pattern``, here from ``q`` and ``k`` for that one query (training's evaluation steps).
 
     A model with hooks attached, or of a layout this does not compute (rotary positions, grouped keys, gated
@@ -117,7 +118,7 @@ def hook_free_logits(
             return model(tokens)
         from rwinterp.training import logits_and_pattern
 
-        return logits_and_pattern(model, tokens, pattern_row)
+        return logits_and_pattern(model, tokens, pattern_row, keys)
     batch, n = tokens.shape
     rows = []
     resid = _raw(native.tok_embed)(tokens) + _raw(native.pos).weight[:n]
@@ -127,7 +128,8 @@ def hook_free_logits(
         x = _raw(block.ln1)(resid)
         q, k, v = (_raw(getattr(attn, name))(x).view(batch, n, -1, attn.d_head).transpose(1, 2) for name in "qkv")
         if pattern_row is not None:
-            rows.append(_pattern_row(q.detach(), k.detach(), pattern_row % n, attn.scale))
+            row = _pattern_row(q.detach(), k.detach(), pattern_row % n, attn.scale)
+            rows.append(row if keys is None else row[..., list(keys)])
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / attn.scale)
         resid = resid + _raw(attn.o)(z.transpose(1, 2).reshape(batch, n, -1))
         if not block.cfg.attn_only:

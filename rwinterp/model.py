@@ -104,7 +104,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -242,18 +242,19 @@ def _batch_first(info: Any, in_dims: tuple, *args: Any) -> list[Any]:
 
 
 class SymmetricReadout(torch.autograd.Function):
-    """``h V^T`` whose forward and backward sums all run along the innermost axis.
+    """``h V^T`` whose forward and backward sums every output entry and every gradient entry by the same code
+    path in the same order, so that values equal in exact arithmetic stay bit-for-bit equal.
 
-    Every output entry and every gradient entry is then reduced by the same code path in the same
-    order, so values that are equal in exact arithmetic stay bit-for-bit equal. A matmul (or a
-    reduction over an outer axis) treats columns at the edge of its SIMD blocks differently, and
-    the round-off that this injects into the value gradient is what otherwise breaks the exact
-    symmetry of the deterministic walk (Theorem 4.1) after a few steps for K = 5, 7 or 20.
+    A matmul (or a reduction over an outer axis) treats columns at the edge of its SIMD blocks differently, and
+    the round-off that this injects into the value gradient is what otherwise breaks the exact symmetry of the
+    deterministic walk (Theorem 4.1) after a few steps for K = 5, 7 or 20. Here the sums over the K states are
+    elementwise additions in state order (:func:`_ordered_products`), and the value gradient's sums over walks
+    are row reductions of a contiguous product.
     """
 
     @staticmethod
     def forward(h: Tensor, V: Tensor) -> Tensor:  # h [..., b, k], V [..., y, k] -> [..., b, y]
-        return _inner_sum(h[..., :, None, :], V[..., None, :, :])
+        return _ordered_products(h, V)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
@@ -262,13 +263,27 @@ class SymmetricReadout(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:  # grad [..., b, y]
         h, V = ctx.saved_tensors
-        grad_h = _inner_sum(grad[..., :, None, :], V.mT[..., None, :, :])  # [..., b, k], summed over y
-        grad_V = _inner_sum(grad.mT[..., :, None, :], h.mT[..., None, :, :])  # [..., y, k], summed over b
+        grad_h = _ordered_products(grad, V.mT)  # [..., b, k], summed over y
+        grad_V = _inner_sum(grad.mT.contiguous()[..., :, None, :], h.mT.contiguous()[..., None, :, :])  # over b
         return grad_h, grad_V
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple, h: Tensor, V: Tensor) -> tuple[Tensor, int]:
         return SymmetricReadout.apply(*_batch_first(info, in_dims, h, V)), 0
+
+
+def _ordered_products(h: Float[Tensor, "... b k"], V: Float[Tensor, "... y k"]) -> Float[Tensor, "... b y"]:
+    """``sum_k h[..., b, k] V[..., y, k]``, added up one ``k`` after another by elementwise products and sums
+    laid out ``[..., y, b]`` (walks innermost, so each is one vectorised pass): the same operations, in the
+    same order, for every entry."""
+    if not h.shape[-1]:
+        return h @ V.mT  # (zeros)
+    h_k = h.mT.contiguous()[..., None, :].unbind(-3)  # [..., 1, b] for each k
+    V_k = V.mT[..., None].unbind(-3)  # [..., y, 1] for each k
+    out = V_k[0] * h_k[0]
+    for a, b in zip(V_k[1:], h_k[1:]):
+        out += a * b
+    return out.mT.contiguous()
 
 
 class BroadcastOverBatch(torch.autograd.Function):
@@ -359,10 +374,11 @@ class SeparableAttention(torch.autograd.Function):
     the largest possible), the scores are formed and shifted by each walk's largest, as the softmax does;
     otherwise a term lost to underflow is below ``1e-150`` of its walk's total (float64; ``1e-18`` in float32).
 
-    With ``rows`` the second output is the pattern itself (``[..., batch, N]``, no gradient), else empty."""
+    With ``keys`` (a list of key positions, or ``slice(None)`` for all) the second output is the pattern at those
+    positions (``[..., batch, keys]``, no gradient: ``w[x_bj] e_j / Z_b``), else empty."""
 
     @staticmethod
-    def forward(c: Tensor, d: Tensor, tokens: Tensor, rows: bool) -> tuple[Tensor, ...]:
+    def forward(c: Tensor, d: Tensor, tokens: Tensor, keys: Optional[slice | list[int]]) -> tuple[Tensor, ...]:
         w = (c - c.amax(-1, keepdim=True)).exp()
         e = (d - d.amax(-1, keepdim=True)).exp()
         S = c.new_zeros(*tokens.shape[:-1], c.shape[-1]).scatter_add_(-1, tokens, e[..., None, :].expand(tokens.shape))
@@ -375,9 +391,9 @@ class SeparableAttention(torch.autograd.Function):
             P = c.new_zeros(S.shape).scatter_add_(-1, tokens, per_walk)
             Z = P.sum(-1, keepdim=True)
         pattern = c.new_empty(*tokens.shape[:-1], 0)
-        if rows:
-            pattern = (per_walk / Z if per_walk.numel()
-                       else (w[..., None, :] / Z).gather(-1, tokens).mul_(e[..., None, :]))
+        if keys is not None:
+            pattern = (per_walk[..., keys] / Z if per_walk.numel()
+                       else (w[..., None, :] / Z).gather(-1, tokens[..., keys]).mul_(e[..., None, keys]))
         return P / Z, pattern, P, Z, w, e, per_walk
 
     @staticmethod
@@ -397,8 +413,8 @@ class SeparableAttention(torch.autograd.Function):
         return grad_c, grad_d, None, None
 
     @staticmethod
-    def vmap(info: Any, in_dims: tuple, c: Tensor, d: Tensor, tokens: Tensor, rows: bool) -> tuple[tuple, tuple]:
-        return SeparableAttention.apply(*_batch_first(info, in_dims, c, d, tokens, rows)), (0,) * 7
+    def vmap(info: Any, in_dims: tuple, c: Tensor, d: Tensor, tokens: Tensor, keys: Any) -> tuple[tuple, tuple]:
+        return SeparableAttention.apply(*_batch_first(info, in_dims, c, d, tokens, keys)), (0,) * 7
 
 
 def _one_query(x_q: Tensor) -> bool:
@@ -624,12 +640,12 @@ class Attention(nn.Module):
         token_keys: Float[Tensor, " d_vocab"],
         position_keys: Float[Tensor, " pos"],
         tokens: Int[Tensor, "batch pos"],
-        rows: bool = False,
-    ) -> tuple[Float[Tensor, "batch 1 1 d_head"], Float[Tensor, "batch 1 pos"]]:
+        keys: Optional[slice | list[int]] = None,
+    ) -> tuple[Float[Tensor, "batch 1 1 d_head"], Float[Tensor, "batch 1 keys"]]:
         """``z`` of the rank-one query path when every key is ``token_keys[x_i] + position_keys[i]`` and nothing
-        hooks the queries, keys, scores, pattern or values (:class:`SeparableAttention`); with ``rows``, also the
-        query slot's pattern (else an empty tensor)."""
-        summed, pattern = SeparableAttention.apply(token_keys, position_keys, tokens, rows)[:2]
+        hooks the queries, keys, scores, pattern or values (:class:`SeparableAttention`); with ``keys`` (positions,
+        or ``slice(None)``), also the query slot's pattern at those key positions (else an empty tensor)."""
+        summed, pattern = SeparableAttention.apply(token_keys, position_keys, tokens, keys)[:2]
         z = SymmetricReadout.apply(summed[:, : self.cfg.n_states], self.W_V[0].T)[:, None, None, :]
         return self.hook_z(z), pattern[:, None]
 
@@ -1181,10 +1197,11 @@ class DeepTransformer(HookedRootModule):
             points += [block.hook_resid_mid] if self.cfg.mlp_width is not None else []
         return not any(point.has_hooks() for point in points)
 
-    def _rank_one_forward(self, tokens: Int[Tensor, "batch pos"], rows: Optional[list] = None
-                          ) -> Float[Tensor, "batch 1 K"]:
+    def _rank_one_forward(self, tokens: Int[Tensor, "batch pos"], rows: Optional[list] = None,
+                          keys: Optional[Sequence[int]] = None) -> Float[Tensor, "batch 1 K"]:
         """The forward pass with the rank-one query (see the module docstring). ``rows``, a list, gets the query
-        slot's attention pattern (``[batch, 1, pos]``, no gradient) where the separable path computes it."""
+        slot's attention pattern (``[batch, 1, pos]``, or at the key positions ``keys``; no gradient) where the
+        separable path computes it."""
         cfg = self.cfg
         block = self.blocks[0]
         attn = block.attn
@@ -1203,7 +1220,8 @@ class DeepTransformer(HookedRootModule):
             token_part = resid[..., :K]
         elif self._separable():
             # The scores u_tok[x_i] + p_i . u_pos separate into a token part and a position part.
-            z, pattern = attn.separable(self.W_E @ u, self.W_pos @ u, tokens, rows is not None)
+            wanted = None if rows is None else slice(None) if keys is None else list(keys)
+            z, pattern = attn.separable(self.W_E @ u, self.W_pos @ u, tokens, wanted)
             if rows is not None:
                 rows.append(pattern)
         else:
@@ -1287,21 +1305,23 @@ class DeepTransformer(HookedRootModule):
 
 
 def training_logits(
-    model: DeepTransformer, tokens: Int[Tensor, "batch pos"], pattern_row: Optional[int] = None
+    model: DeepTransformer, tokens: Int[Tensor, "batch pos"], pattern_row: Optional[int] = None,
+    keys: Optional[Sequence[int]] = None,
 ) -> Float[Tensor, "batch Q K"] | tuple[Tensor, list[Float[Tensor, "batch head pos"]]]:
     """What training runs (the deep kind's ``train_forward``): the logits, without the check of the token values
     (training checks its data once), and with ``pattern_row`` also each layer's attention pattern at that row
-    (``[batch, head, pos]``, detached), as :func:`rwinterp.training.logits_and_pattern` reads it from
-    ``hook_pattern``. The paper's model forms its pattern on the separable path (:class:`SeparableAttention`),
-    without hooks; any other model, or one with hooks attached, runs through its hooks."""
+    (``[batch, head, pos]``, or only the key positions ``keys``; detached), as
+    :func:`rwinterp.training.logits_and_pattern` reads it from ``hook_pattern``. The paper's model forms its
+    pattern on the separable path (:class:`SeparableAttention`), without hooks and only at ``keys``; any other
+    model, or one with hooks attached, runs through its hooks."""
     if pattern_row is None:
         return model(tokens, check=False)
     if model._separable():
         rows: list = []
-        return model._rank_one_forward(model._check_tokens(tokens, values=False), rows), rows
+        return model._rank_one_forward(model._check_tokens(tokens, values=False), rows, keys), rows
     from rwinterp.training import logits_and_pattern
 
-    return logits_and_pattern(model, tokens, pattern_row, check=False)
+    return logits_and_pattern(model, tokens, pattern_row, keys, check=False)
 
 
 register_model_kind("deep", DeepTransformer, config_of=lambda model: model.cfg.to_dict(),

@@ -53,10 +53,11 @@ CHECKPOINTS = "checkpoints"
 class ModelKind:
     """How a run rebuilds a model class: ``build(config_dict)``, ``config_of(model)`` (the dict a run saves) and
     ``full_config(config_dict)`` (every default filled in: two dicts that build the same model give the same full
-    config; it raises on a bad one). ``train_forward(model, tokens, pattern_row=None)``, where given, is the
-    logits that training uses when it reads no hook: the model's own function computed faster (default
+    config; it raises on a bad one). ``train_forward(model, tokens, pattern_row=None, keys=None)``, where given,
+    is the logits that training uses when it reads no hook: the model's own function computed faster (default
     ``model(tokens)``); with a ``pattern_row`` it returns ``(logits, rows)``, each layer's attention pattern at
-    that query position (``[batch, head, pos]``), as :func:`rwinterp.training.logits_and_pattern` records it."""
+    that query position (``[batch, head, pos]``, or at the key positions ``keys`` alone), as
+    :func:`rwinterp.training.logits_and_pattern` records it."""
 
     name: str
     model_class: type

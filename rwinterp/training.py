@@ -133,14 +133,16 @@ def label_row(states: bool) -> int:
 
 
 def logits_and_pattern(model: torch.nn.Module, inputs: torch.Tensor, row: int = -1,
-                       **forward_kwargs: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                       keys: Optional[Sequence[int]] = None, **forward_kwargs: Any
+                       ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Logits of ``inputs`` and, read from ``hook_pattern``, row ``row`` of each layer's attention pattern
-    (``[batch, heads, pos]``, detached: the query slot's, or the row that predicts the label).
-    ``forward_kwargs`` go to the model's forward pass."""
+    (``[batch, heads, pos]``, or only the key positions ``keys``; detached: the query slot's, or the row that
+    predicts the label). ``forward_kwargs`` go to the model's forward pass."""
     heads: list[torch.Tensor] = []
 
     def grab(pattern: torch.Tensor, hook: Any) -> None:
-        heads.append(pattern[:, :, row if pattern.shape[2] > 1 else -1, :].detach())
+        at_row = pattern[:, :, row if pattern.shape[2] > 1 else -1, :]
+        heads.append((at_row if keys is None else at_row[..., list(keys)]).detach())
 
     hooks = [(f"blocks.{layer}.attn.hook_pattern", grab) for layer in range(model.cfg.n_layers)]
     return model.run_with_hooks(inputs, fwd_hooks=hooks, **forward_kwargs), heads
@@ -390,13 +392,15 @@ class _Alone:
         self.fast = train_forward(model)
         self.d_vocab = int(model.cfg.d_vocab)
 
-    def logits(self, model: torch.nn.Module, inputs: torch.Tensor, patterns: bool) -> tuple[torch.Tensor, tuple]:
-        """The logits of ``inputs`` and, with ``patterns``, each layer's attention rows at the label's row."""
+    def logits(self, model: torch.nn.Module, inputs: torch.Tensor, keys: Optional[Sequence[int]]
+               ) -> tuple[torch.Tensor, tuple]:
+        """The logits of ``inputs`` and, with ``keys``, each layer's attention at the label's row on those key
+        positions."""
         row = label_row(self.states)
         if self.fast is not None:
-            logits, heads = self.fast(model, inputs, row) if patterns else (self.fast(model, inputs), ())
-        elif patterns:
-            logits, heads = logits_and_pattern(model, inputs, row, **self.kwargs)
+            logits, heads = self.fast(model, inputs, row, keys) if keys is not None else (self.fast(model, inputs), ())
+        elif keys is not None:
+            logits, heads = logits_and_pattern(model, inputs, row, keys, **self.kwargs)
         else:
             logits, heads = model(inputs, **self.kwargs), ()
         return logits, tuple(heads)
@@ -419,18 +423,18 @@ class _Alone:
     def one(self, tensor: torch.Tensor, i: int) -> torch.Tensor:
         return tensor
 
-    def forward(self, batch: Batch, patterns: bool) -> _Pass:
-        logits, heads = self.logits(self.models[0], model_inputs(batch, self.states), patterns)
+    def forward(self, batch: Batch, keys: Optional[Sequence[int]]) -> _Pass:
+        logits, heads = self.logits(self.models[0], model_inputs(batch, self.states), keys)
         return _Pass(objective(self.config, logits, batch, self.states, self.K), logits, list(heads))
 
     def values(self, loss: torch.Tensor) -> list[float]:
         return [float(loss.detach())]
 
-    def summaries(self, train: _Pass, test: _Pass, train_data: Batch, test_data: Batch, row: int, K: int,
-                  parents: Sequence[int]) -> torch.Tensor:
+    def summaries(self, train: _Pass, test: _Pass, train_data: Batch, test_data: Batch, row: int, K: int
+                  ) -> torch.Tensor:
         """``[models, 2 + heads]``: each model's accuracy on the training and the test data, then each head's
         attention on the parent positions (:func:`_summary`)."""
-        return _summary(train.logits, test.logits, test.heads, train_data, test_data, row, K, parents)[None]
+        return _summary(train.logits, test.logits, test.heads, train_data, test_data, row, K)[None]
 
     def backward(self, loss: torch.Tensor, scale: float) -> None:
         (loss * scale).backward()
@@ -478,12 +482,12 @@ class _Stacked(_Alone):
     def one(self, tensor: torch.Tensor, i: int) -> torch.Tensor:
         return tensor[i]
 
-    def forward(self, joined: "_Joined", patterns: bool) -> _Pass:  # type: ignore[override]
+    def forward(self, joined: "_Joined", keys: Optional[Sequence[int]]) -> _Pass:  # type: ignore[override]
         config, states, K = self.config, self.states, self.K
 
         def one(model: torch.nn.Module, tokens: Any, labels: Any, weights: Any, seqs: Any) -> tuple:
             batch = Batch(tokens, labels, weights, seqs)
-            logits, heads = self.logits(model, model_inputs(batch, states), patterns)
+            logits, heads = self.logits(model, model_inputs(batch, states), keys)
             return objective(config, logits, batch, states, K), logits, heads
 
         b, dim = joined.batch, joined.dim
@@ -495,8 +499,8 @@ class _Stacked(_Alone):
         return loss.detach().tolist()
 
     def summaries(self, train: _Pass, test: _Pass, train_data: "_Joined",  # type: ignore[override]
-                  test_data: "_Joined", row: int, K: int, parents: Sequence[int]) -> torch.Tensor:
-        return _summary(train.logits, test.logits, test.heads, train_data.batch, test_data.batch, row, K, parents).T
+                  test_data: "_Joined", row: int, K: int) -> torch.Tensor:
+        return _summary(train.logits, test.logits, test.heads, train_data.batch, test_data.batch, row, K).T
 
     def backward(self, loss: torch.Tensor, scale: float) -> None:
         # Each model's loss depends on its own slice alone: the sum's gradient is every model's gradient.
@@ -512,14 +516,15 @@ class _Stacked(_Alone):
 
 
 def _summary(logits: torch.Tensor, test_logits: torch.Tensor, heads: list[torch.Tensor], train_data: Batch,
-             test_data: Batch, row: int, K: int, parents: Sequence[int]) -> torch.Tensor:
+             test_data: Batch, row: int, K: int) -> torch.Tensor:
     """The evaluation numbers, ``[numbers, *models]``: the accuracy of the scores at ``row`` on the training and the
-    test data, then each layer's and head's attention on the parent positions (test data). The models of a stack
-    come first in every tensor (``logits [*models, batch, pos, vocab]``, ``heads [*models, batch, head, pos]``),
-    except in data that every model shares (``labels [batch]``)."""
+    test data, then each layer's and head's attention on the parent positions (test data; ``heads`` holds the
+    attention on those positions alone). The models of a stack come first in every tensor (``logits [*models,
+    batch, pos, vocab]``, ``heads [*models, batch, head, parents]``), except in data that every model shares
+    (``labels [batch]``)."""
     numbers = [accuracy_tensor(logits[..., row, :K].detach(), train_data.labels, train_data.weights),
                accuracy_tensor(test_logits[..., row, :K].detach(), test_data.labels, test_data.weights)]
-    numbers += [parent_attention_tensor(layer[..., h, :], parents, test_data.weights) for layer in heads
+    numbers += [parent_attention_tensor(layer[..., h, :], range(layer.shape[-1]), test_data.weights) for layer in heads
                 for h in range(layer.shape[-2])]
     return torch.stack(numbers)
 
@@ -605,7 +610,7 @@ def _fit(
         loss = None
         if evaluate or full_batch:
             with torch.set_grad_enabled(full_batch):  # a mini-batch step backpropagates its own batch, not this
-                out = trainees.forward(train_all, patterns=test_all is None)  # (the test set's rows are recorded)
+                out = trainees.forward(train_all, keys=parents if test_all is None else None)  # (test rows recorded)
             loss = out.loss
             loss_values = trainees.values(loss)
             for i in list(live):
@@ -616,11 +621,11 @@ def _fit(
                 break
         if evaluate:
             with torch.no_grad():
-                test = out if test_all is None else trainees.forward(test_all, patterns=True)
+                test = out if test_all is None else trainees.forward(test_all, keys=parents)
                 test_values = loss_values if test_all is None else trainees.values(test.loss)
             # Every model's accuracies and attention, read back at once (one transfer from a GPU).
-            summaries = trainees.summaries(out, test, train_all, train_all if test_all is None else test_all, row, K,
-                                           parents).tolist()
+            summaries = trainees.summaries(out, test, train_all, train_all if test_all is None else test_all, row,
+                                           K).tolist()
             distances = _v_distances([models[i] for i in live], task)
             for i, v_distance in zip(live, distances):
                 numbers = iter(summaries[i])
@@ -658,7 +663,7 @@ def _fit(
                 else:
                     picked = torch.randint(len(sets[i][0]), (config.batch_size,), generator=gens[i])
                     minis.append(sets[i][0][picked.to(device)])
-            out = trainees.forward(trainees.join(minis, check=False), patterns=False)
+            out = trainees.forward(trainees.join(minis, check=False), keys=None)
             loss = out.loss
             if not evaluate:
                 values = trainees.values(loss)
@@ -764,7 +769,7 @@ SMALL_STEP = 5 * 10**7
 def choose_threads(options: Any, task: Task, config: TrainConfig, copies: int = 1) -> int:
     """Intra-op threads for training a model of ``options`` (``copies`` of them at once, as
     :func:`train_seeds` does): one for a small step (fewer than :data:`SMALL_STEP` numbers), else the
-    cores not already busy (the machine's load average taken off its CPU count), at least one."""
+    cores that other processes do not keep busy (:func:`busy_cores`), at least one."""
     import os
 
     counts = getattr(options, "element_counts", None)
@@ -772,8 +777,45 @@ def choose_threads(options: Any, task: Task, config: TrainConfig, copies: int = 
     if callable(counts) and copies * samples * counts()[1] < SMALL_STEP:
         return 1
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    return max(1, min(cpus, round(cpus - busy)))
+    return max(1, min(cpus, round(cpus - busy_cores())))
+
+
+def busy_cores() -> float:
+    """The cores that other processes keep busy: the machine's 1-minute load average, but no more than the threads
+    of other processes seen running now (the most of a few looks at ``/proc``, where there is one). The load
+    average also counts this process's own recent work: a process that has just trained would otherwise see
+    itself as a busy neighbour."""
+    import os
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    elsewhere = running_elsewhere()
+    return load if elsewhere is None else min(load, float(elsewhere))
+
+
+def running_elsewhere(looks: int = 5, pause: float = 0.002) -> Optional[int]:
+    """The most threads of other processes running at once in ``looks`` looks ``pause`` seconds apart: the
+    machine's running threads (``/proc/loadavg``) less this process's own (``/proc/self/task``). ``None`` without
+    ``/proc``."""
+    import os
+
+    most = 0
+    try:
+        for look in range(looks):
+            with open("/proc/loadavg") as f:
+                running = int(f.read().split()[3].split("/")[0])
+            own = 0
+            for task in os.listdir("/proc/self/task"):
+                try:
+                    with open(f"/proc/self/task/{task}/stat") as f:
+                        own += f.read().rpartition(")")[2].split()[0] == "R"
+                except OSError:  # (a thread that has just ended)
+                    pass
+            most = max(most, running - own)
+            if look + 1 < looks:
+                time.sleep(pause)
+    except (OSError, ValueError, IndexError):
+        return None
+    return most
 
 
 #: The environment of a worker process that runs one job of a pool beside others: one thread for every

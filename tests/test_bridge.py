@@ -295,6 +295,8 @@ def test_training_computes_the_bridge_without_its_hooks(options):
         for got, want in zip(rows, heads):
             assert got.shape == (8, options.get("n_heads", 1), LENGTH) and not got.requires_grad
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+        picked = hook_free_logits(model, tokens, row, keys=[0, LENGTH - 2])[1]
+        assert [p.shape[-1] for p in picked] == [2, 2] and torch.equal(picked[1], rows[1][..., [0, LENGTH - 2]])
     fired = []
     model.blocks[1].attn.hook_pattern.add_hook(lambda pattern, hook: fired.append(pattern.shape))
     try:

@@ -286,7 +286,8 @@ def test_separable_attention_matches_the_dense_path(keys, mlp):
 @pytest.mark.parametrize("normalize", [False, True])
 def test_training_logits_return_the_attention_rows(keys, normalize):
     """What training runs: the logits and the query slot's attention pattern (``[batch, head, pos]``, detached), from
-    SeparableAttention, or through the hooks where the keys do not separate (normalised tokens)."""
+    SeparableAttention, or through the hooks where the keys do not separate (normalised tokens); with ``keys``, the
+    same numbers at those key positions alone."""
     model = set_keys(small(normalize_tokens=normalize), *KEYS[keys])
     tokens = CircleWalk(5, 0.6, 9).sample(64, 0).tokens
     logits, rows = training_logits(model, tokens, -1)
@@ -295,6 +296,8 @@ def test_training_logits_return_the_attention_rows(keys, normalize):
     assert_close(rows[0].sum(-1), torch.ones(64, 1))
     assert_close(logits, model(tokens))
     assert_close(training_logits(model, tokens), logits)
+    picked = training_logits(model, tokens, -1, keys=[7, 2, 7])[1]
+    assert len(picked) == 1 and torch.equal(picked[0], rows[0][..., [7, 2, 7]])
 
 
 def test_column_sums_add_each_column_in_row_order():

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+import time
 import warnings
 
 import pytest
@@ -19,7 +22,7 @@ from rwinterp.runs import load_group, load_run, read_group
 from rwinterp.stack import ModelStack
 from rwinterp.tasks import CircleWalk, task_from_dict
 from rwinterp.training import (
-    TrainingDiverged, check_memory, choose_threads, make_data, resolve_device, train, train_seeds,
+    TrainingDiverged, check_memory, choose_threads, make_data, resolve_device, running_elsewhere, train, train_seeds,
 )
 from tests.conftest import assert_close
 
@@ -343,12 +346,27 @@ def test_parse_seeds_keeps_the_order_given():
 
 # ---------------------------------------------------------------------------------------- threads, memory, devices
 def test_threads_count_every_seed_of_a_batch(monkeypatch):
-    """One thread for the Fig 4 step of one model; a batch of 20 is no longer small and takes the free cores."""
+    """One thread for the Fig 4 step of one model; a batch of 20 is no longer small and takes the cores that other
+    processes leave free: the load average counts this process's own recent work, the threads running elsewhere
+    do not."""
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(4)))
     monkeypatch.setattr("os.getloadavg", lambda: (1.0, 1.0, 1.0))
     options, task, config = DeepConfig.paper(6, 97, 1000), CircleWalk(6, 0.5, 97), TrainConfig()
-    assert choose_threads(options, task, config) == 1
-    assert choose_threads(options, task, config, copies=20) == 3
+    for elsewhere, threads in [(1, 3), (0, 4), (None, 3), (3, 3)]:
+        monkeypatch.setattr("rwinterp.training.running_elsewhere", lambda: elsewhere)
+        assert choose_threads(options, task, config) == 1
+        assert choose_threads(options, task, config, copies=20) == threads
+
+
+def test_a_busy_neighbour_is_seen_running():
+    """A process spinning on another core is one thread running elsewhere; this process's own are not counted."""
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert running_elsewhere(looks=20) >= 1
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_the_memory_check_counts_every_seed(monkeypatch):

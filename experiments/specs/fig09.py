@@ -2,9 +2,9 @@
 
 from experiments.specs._walk import failure_figure
 
-NOTE = ("Holds because training keeps equal numbers equal: the value read-out sums along the innermost axis, "
-        "the positional gradient adds the walks up in order, and gradient descent rounds its multiply and its "
-        "subtract separately (rwinterp.model.SymmetricReadout, rwinterp.model.SeparableAttention, "
+NOTE = ("Holds because training keeps equal numbers equal: the value read-out adds its products in one order for "
+        "every entry, the positional gradient adds the walks up in order, and gradient descent rounds its multiply "
+        "and its subtract separately (rwinterp.model.SymmetricReadout, rwinterp.model.SeparableAttention, "
         "rwinterp.training.GradientDescent), so V's columns get bit-identical updates. A plain matmul read-out or "
         "torch.optim.SGD's fused update rounds the edge columns of a SIMD block differently, which seeds an "
         "asymmetry that gradient descent amplifies until the model learns the walk by attending to every 20th "
