@@ -3,8 +3,8 @@
 The Fig 4 setting (K 6, N 97, M 1000, 1000/1000 walks, 50 steps, zero init, ``TrainConfig()``) is trained
 ``--repeats`` times with no process of ours beside it ("quiet"), then with one busy process beside it
 (``python -c "while True: pass"``), first with the library's choice of threads
-(``rwinterp.training.choose_threads``: one, for a model this small) and then with ``--threads`` threads
-(default 2, torch's default on 2 cores) for comparison. The goal: the library's choice beside a busy
+(``rwinterp.training.choose_threads``: one, for a model this small; made again beside the busy process) and
+then with ``--threads`` threads (default 2, torch's default on 2 cores) for comparison. The goal: the library's choice beside a busy
 process within 1.2 times its quiet time. ``--batch S`` times ``train_seeds`` of S seeds the same way.
 
 The machine may be shared with other work: the load average before and after is printed, and "quiet" means
@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Callable
 
 import torch
 
@@ -51,19 +52,23 @@ def timed(threads: int, repeats: int, seeds: int = 0) -> list[tuple[float, float
     return [fig4(seeds) for _ in range(repeats)]
 
 
-def measure(threads: int, repeats: int, seeds: int = 0) -> dict:
+def measure(threads: int | Callable[[], int], repeats: int, seeds: int = 0) -> dict:
     """The wall-clock seconds quiet and beside a busy process, and the CPU seconds: a thread that waits for a
-    thread put off its core spins, so CPU time grows with the wall time; one that computes alone does not."""
-    quiet = timed(threads, repeats, seeds)
+    thread put off its core spins, so CPU time grows with the wall time; one that computes alone does not.
+    ``threads``: a count, or the library's choice (made again beside the busy process, as a new command would)."""
+    choose = threads if callable(threads) else (lambda: threads)
+    quiet_threads = choose()
+    quiet = timed(quiet_threads, repeats, seeds)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)  # (let it take its core)
-        loaded = timed(threads, repeats, seeds)
+        busy_threads = choose()
+        loaded = timed(busy_threads, repeats, seeds)
     finally:
         busy.kill()
         busy.wait()
     wall_quiet, wall_busy = statistics.median(t for t, _ in quiet), statistics.median(t for t, _ in loaded)
-    return {"threads": threads, "quiet_seconds": [round(t, 3) for t, _ in quiet],
+    return {"threads": quiet_threads, "threads_busy": busy_threads, "quiet_seconds": [round(t, 3) for t, _ in quiet],
             "busy_seconds": [round(t, 3) for t, _ in loaded],
             "quiet_median": round(wall_quiet, 3), "busy_median": round(wall_busy, 3),
             "busy_over_quiet": round(wall_busy / wall_quiet, 2),
@@ -78,20 +83,21 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=0, help="also time train_seeds of this many seeds")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
-    chosen = choose_threads(DeepConfig.paper(K, N, M), CircleWalk(K, 0.5, N), TrainConfig())
+
+    def chosen(copies: int = 1) -> int:
+        return choose_threads(DeepConfig.paper(K, N, M), CircleWalk(K, 0.5, N), TrainConfig(), copies=copies)
+
     fig4(0)  # warm up
     out = {"benchmark": "bench_threads", "date": time.strftime("%Y-%m-%d %H:%M"),
            "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
            "torch": torch.__version__, "load_average_before": round(load_before, 2),
            "setting": f"Fig 4: K {K}, N {N}, M {M}, 1000/1000 walks, 50 steps, zero init, TrainConfig()",
            "library_choice": measure(chosen, args.repeats)}
-    if args.threads != chosen:
+    if args.threads != out["library_choice"]["threads"]:
         out["fixed_threads"] = measure(args.threads, args.repeats)
     if args.batch:
-        batch_threads = choose_threads(DeepConfig.paper(K, N, M), CircleWalk(K, 0.5, N), TrainConfig(),
-                                       copies=args.batch)
-        out["batch_library_choice"] = {"seeds": args.batch, **measure(batch_threads, max(1, args.repeats // 2),
-                                                                       args.batch)}
+        out["batch_library_choice"] = {"seeds": args.batch, **measure(lambda: chosen(args.batch),
+                                                                       max(1, args.repeats // 2), args.batch)}
     out["goal_busy_over_quiet"] = 1.2
     out["load_average_after"] = round(os.getloadavg()[0], 2)
     print(json.dumps(out, indent=1))

@@ -149,7 +149,8 @@ def _configure_train(parser: argparse.ArgumentParser) -> None:
                         help="where to train: cpu (default), cuda (a GPU; an error without one) or auto (the GPU if "
                              "there is one); float32 (--dtype float32) is allowed on a GPU")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads (default: 1 for a small model, else the cores not busy)")
+                        help="torch intra-op threads (default: 1 for a small model, else the cores that other "
+                             "processes leave free)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
