@@ -4,8 +4,9 @@ The Fig 4 setting (K 6, N 97, M 1000, 1000/1000 walks, 50 steps, zero init, ``Tr
 ``--repeats`` times with no process of ours beside it ("quiet"), then with one busy process beside it
 (``python -c "while True: pass"``), first with the library's choice of threads
 (``rwinterp.training.choose_threads``: one, for a model this small; made again beside the busy process) and
-then with ``--threads`` threads (default 2, torch's default on 2 cores) for comparison. The goal: the library's choice beside a busy
-process within 1.2 times its quiet time. ``--batch S`` times ``train_seeds`` of S seeds the same way.
+then with ``--threads`` threads (default 2, torch's default on 2 cores) for comparison. The goal: the
+library's choice beside a busy process within 1.2 times its quiet time. ``--batch S`` times ``train_seeds`` of
+S seeds the same way.
 
 The machine may be shared with other work: the load average before and after is printed, and "quiet" means
 only that this benchmark starts no other process. On a machine already loaded, the busy process takes a share

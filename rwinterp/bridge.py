@@ -107,8 +107,9 @@ def hook_free_logits(
     reads no hook, and a training step takes about two thirds of the time (``benchmarks/bench_icl.py``).
 
     With ``pattern_row`` it returns ``(logits, rows)``: each layer's attention pattern at query position
-    ``pattern_row`` (``[batch, head, pos]``, or the key positions ``keys`` alone; detached), what :func:`rwinterp.training.logits_and_pattern` reads
-    from ``hook_pattern``, here from ``q`` and ``k`` for that one query (training's evaluation steps).
+    ``pattern_row`` (``[batch, head, pos]``, or the key positions ``keys`` alone; detached), what
+    :func:`rwinterp.training.logits_and_pattern` reads from ``hook_pattern``, here from ``q`` and ``k`` for that
+    one query (training's evaluation steps).
 
     A model with hooks attached, or of a layout this does not compute (rotary positions, grouped keys, gated
     MLPs, soft caps), runs through its hooks as usual."""

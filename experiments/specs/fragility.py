@@ -4,10 +4,10 @@ Theorem 4.1's symmetric state (uniform attention, ``V = v 1^T``) is an equilibri
 descent, but an unstable one: any asymmetry in V's columns grows by a large factor per step. In
 exact arithmetic nothing seeds it; in floating point round-off can: sine embeddings have inner
 products of order 1e-13 instead of 0. Training keeps exactly equal quantities exactly equal (the
-value read-out adds its products in one order for every entry, the positional gradient adds the walks up in order,
-and gradient descent rounds its multiply and subtract separately), so exactly orthogonal embeddings
-leave nothing to seed it (a matmul read-out or ``torch.optim.SGD``'s fused update would: they round
-the edge columns of a SIMD block differently).
+value read-out adds its products in one order for every entry, the positional gradient adds the
+walks up in order, and gradient descent rounds its multiply and subtract separately), so exactly
+orthogonal embeddings leave nothing to seed it (a matmul read-out or ``torch.optim.SGD``'s fused
+update would: they round the edge columns of a SIMD block differently).
 This study trains the deterministic walk (N = rK + 1) for several K with
 both embeddings in both precisions, records how far V is from the symmetric state at every step,
 the step at which accuracy jumps, and what the model has learned afterwards.
