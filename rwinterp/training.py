@@ -321,7 +321,8 @@ def train_seeds(
     Each model draws its own data from its config's seed (``data[i]``, if given, replaces it), so that each
     model's initialisation, data, mini-batches and fresh batches are exactly those of training it alone. The
     models' parameters are stacked and their forward pass mapped over the stack with ``torch.func.vmap``
-    (:mod:`rwinterp.stack`): one forward and one backward pass per step for all of them. Each model's history
+    (:mod:`rwinterp.stack`): one forward and one backward pass per step for all of them (a single model is trained
+    as :func:`train` trains it). Each model's history
     and final weights equal those of training it alone up to round-off (float64: to 1e-10 relative; in the
     library's tests they are bit-identical on the paper's model), and ``train_seconds`` is the time of the
     whole batch.
@@ -349,7 +350,9 @@ def train_seeds(
                 f"training config {i} differs from config 0 in more than its seed")
     states = [_check_pair(model, task, config) for model, config in zip(models, configs)]
     keep_freed_memory()
-    return _fit(_Stacked(models, configs[0], states[0]), task, configs, data, progress, callback)
+    # (one model alone needs no stack: vmap's machinery would cost it about as much as its own steps)
+    trainees = _Alone(models[0], configs[0], states[0]) if len(models) == 1 else _Stacked(models, configs[0], states[0])
+    return _fit(trainees, task, configs, data, progress, callback)
 
 
 def _without_seed(config: dict[str, Any]) -> dict[str, Any]:

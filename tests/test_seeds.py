@@ -210,6 +210,24 @@ def test_a_seed_that_diverges_stops_alone():
             _assert_same_weights(model, alone)
 
 
+@pytest.mark.parametrize("seed", [0, 2])
+def test_a_batch_of_one_trains_as_train_does(seed):
+    """One model is trained as ``train`` trains it (no stack): the same numbers to the last bit; and where it
+    diverges (seed 2, see above) the result says so instead of raising."""
+    task, options = CircleWalk(5, 0.7, 9), dict(PAPER, init="gaussian", init_sigma=0.1)
+    config = TrainConfig(steps=6, n_train=50, n_test=50, seed=seed)
+    model, alone = build("deep", options, seed), build("deep", options, seed)
+    [result] = train_seeds([model], task, [config], progress=False)
+    if seed == 2:
+        with pytest.raises(TrainingDiverged) as caught:
+            train(alone, task, config, progress=False)
+        assert result.diverged == str(caught.value)
+        return
+    solo = train(alone, task, config, progress=False)
+    assert result.diverged is None and result.history == solo.history
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), alone.state_dict().values()))
+
+
 @pytest.mark.parametrize("eval_every", [1, 2])
 def test_when_every_seed_diverges_each_keeps_its_last_good_state(eval_every):
     """lr 1e200 on the squared loss: every seed's loss overflows after its first step, found on an evaluated
