@@ -32,6 +32,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from rwinterp.atomic import proc_stat
 from rwinterp.errors import RwinterpError, require
 
 EXECUTORS = ("process", "ray")
@@ -355,8 +356,7 @@ def _process_table() -> dict[int, tuple[int, str]]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
+                fields = proc_stat(f"/proc/{entry}/stat")
                 out[int(entry)] = (int(fields[1]), fields[19])
             except (OSError, IndexError, ValueError):
                 pass

@@ -128,12 +128,20 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # someone else's process
         pass
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        return proc_stat(f"/proc/{pid}/stat")[0] != "Z"
     except FileNotFoundError:  # gone since, or no /proc (then os.kill is all there is)
         return not os.path.isdir("/proc")
     except (OSError, IndexError):
         return True
+
+
+def proc_stat(path: str) -> list[str]:
+    """The fields of a process's or thread's ``/proc/.../stat`` file after its command name, the state first
+    (``R`` running, ``S`` sleeping, ``Z`` a zombie, ...), then the parent's pid, .... The name, in parentheses,
+    may itself hold spaces and parentheses: the fields start after the last ``)``. ``OSError`` where the file
+    cannot be read (the process is gone, or there is no ``/proc``)."""
+    with open(path) as f:
+        return f.read().rpartition(")")[2].split()
 
 
 def publish(tmp: Path, target: Path) -> None:

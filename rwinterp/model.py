@@ -275,9 +275,7 @@ class SymmetricReadout(torch.autograd.Function):
 def _ordered_products(h: Float[Tensor, "... b k"], V: Float[Tensor, "... y k"]) -> Float[Tensor, "... b y"]:
     """``sum_k h[..., b, k] V[..., y, k]``, added up one ``k`` after another by elementwise products and sums
     laid out ``[..., y, b]`` (walks innermost, so each is one vectorised pass): the same operations, in the
-    same order, for every entry."""
-    if not h.shape[-1]:
-        return h @ V.mT  # (zeros)
+    same order, for every entry. (``k`` is at least 1: K states, or d_head.)"""
     h_k = h.mT.contiguous()[..., None, :].unbind(-3)  # [..., 1, b] for each k
     V_k = V.mT[..., None].unbind(-3)  # [..., y, 1] for each k
     out = V_k[0] * h_k[0]

@@ -322,10 +322,9 @@ def train_seeds(
     model's initialisation, data, mini-batches and fresh batches are exactly those of training it alone. The
     models' parameters are stacked and their forward pass mapped over the stack with ``torch.func.vmap``
     (:mod:`rwinterp.stack`): one forward and one backward pass per step for all of them (a single model is trained
-    as :func:`train` trains it). Each model's history
-    and final weights equal those of training it alone up to round-off (float64: to 1e-10 relative; in the
-    library's tests they are bit-identical on the paper's model), and ``train_seconds`` is the time of the
-    whole batch.
+    as :func:`train` trains it). Each model's history and final weights equal those of training it alone up to
+    round-off (float64: to 1e-10 relative; in the library's tests they are bit-identical on the paper's model),
+    and ``train_seconds`` is the time of the whole batch.
 
     A model whose loss stops being finite stops there as with :func:`train` (it keeps the parameters of its
     last finite step, its history ends there) without stopping the others: its result's ``diverged`` holds
@@ -801,6 +800,8 @@ def running_elsewhere(looks: int = 5, pause: float = 0.002) -> Optional[int]:
     ``/proc``."""
     import os
 
+    from rwinterp.atomic import proc_stat
+
     most = 0
     try:
         for look in range(looks):
@@ -809,8 +810,7 @@ def running_elsewhere(looks: int = 5, pause: float = 0.002) -> Optional[int]:
             own = 0
             for task in os.listdir("/proc/self/task"):
                 try:
-                    with open(f"/proc/self/task/{task}/stat") as f:
-                        own += f.read().rpartition(")")[2].split()[0] == "R"
+                    own += proc_stat(f"/proc/self/task/{task}/stat")[0] == "R"
                 except OSError:  # (a thread that has just ended)
                     pass
             most = max(most, running - own)

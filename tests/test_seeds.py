@@ -377,7 +377,7 @@ def test_threads_count_every_seed_of_a_batch(monkeypatch):
 
 
 def test_a_busy_neighbour_is_seen_running():
-    """A process spinning on another core is one thread running elsewhere; this process's own are not counted."""
+    """A process spinning on another core is seen as a thread running elsewhere."""
     child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from rwinterp.atomic import proc_stat
 from rwinterp.cli import main
 from tests.conftest import assert_close
 
@@ -202,10 +203,9 @@ def test_the_temporary_directory_of_an_ended_process_not_yet_reaped_is_stale(tmp
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
         deadline = time.monotonic() + 30
-        state = lambda: Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]  # noqa: E731
-        while state() != "Z" and time.monotonic() < deadline:
+        while proc_stat(f"/proc/{child.pid}/stat")[0] != "Z" and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert state() == "Z"
+        assert proc_stat(f"/proc/{child.pid}/stat")[0] == "Z"
         (tmp_path / f".a.tmp-{child.pid}-0123abcd").mkdir()
         remove_stale_in(tmp_path)
         assert list(tmp_path.iterdir()) == []
@@ -250,9 +250,8 @@ def _alive(pids: set) -> set:
     out = set()
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    out.add(pid)
+            if proc_stat(f"/proc/{pid}/stat")[0] != "Z":
+                out.add(pid)
         except OSError:
             pass
     return out
