@@ -25,10 +25,11 @@ import time
 
 import torch
 
-from rwinterp.model import DeepConfig, DeepTransformer
-from rwinterp.tasks import CircleWalk
+from fig4 import train_paper
 from rwinterp.errors import RwinterpError
-from rwinterp.training import TrainConfig, check_memory, resolve_device, train, train_seeds
+from rwinterp.model import DeepConfig
+from rwinterp.tasks import CircleWalk
+from rwinterp.training import TrainConfig, check_memory, resolve_device
 
 
 def synchronize(device: torch.device) -> None:
@@ -45,35 +46,18 @@ def reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def one_seed(K: int, N: int, M: int, config: TrainConfig, device: torch.device, dtype: str) -> dict:
-    task = CircleWalk(K, 0.5, N)
-    options = DeepConfig.paper(K, N, M, dtype=dtype)
-    check_memory(options, task, config, device)
+def timed(K: int, N: int, M: int, config: TrainConfig, device: torch.device, dtype: str, seeds: int = 0) -> dict:
+    """One seed (``seeds`` 0), or a batch of that many seeds, built and trained on ``device``."""
+    check_memory(DeepConfig.paper(K, N, M, dtype=dtype), CircleWalk(K, 0.5, N), config, device, copies=max(seeds, 1))
     reset_peak(device)
     synchronize(device)
     start = time.perf_counter()
-    model = DeepTransformer(options).to(device)
-    result = train(model, task, config, progress=False)
-    synchronize(device)
-    return {"seconds": round(time.perf_counter() - start, 3), "train_seconds": round(result.train_seconds, 3),
-            "test_accuracy": result.final["test_accuracy"], "peak_memory_mib": peak_memory(device),
-            "model": model, "history": result.history}
-
-
-def batch(K: int, N: int, M: int, config: TrainConfig, seeds: int, device: torch.device, dtype: str) -> dict:
-    task = CircleWalk(K, 0.5, N)
-    options = DeepConfig.paper(K, N, M, dtype=dtype)
-    check_memory(options, task, config, device, copies=seeds)
-    reset_peak(device)
-    synchronize(device)
-    start = time.perf_counter()
-    models = [DeepTransformer(DeepConfig.paper(K, N, M, dtype=dtype, seed=s)).to(device) for s in range(seeds)]
-    results = train_seeds(models, task, [config.replace(seed=s) for s in range(seeds)], progress=False)
+    models, results = train_paper(list(range(seeds)) if seeds else None, config, K, N, M, device, dtype)
     synchronize(device)
     accuracies = [r.final["test_accuracy"] for r in results]
-    return {"seconds": round(time.perf_counter() - start, 3), "seeds": seeds,
-            "mean_test_accuracy": round(sum(accuracies) / len(accuracies), 4), "peak_memory_mib": peak_memory(device),
-            "model": models[0], "history": results[0].history}
+    return {"seconds": round(time.perf_counter() - start, 3), "train_seconds": round(results[0].train_seconds, 3),
+            "seeds": len(models), "mean_test_accuracy": round(sum(accuracies) / len(accuracies), 4),
+            "peak_memory_mib": peak_memory(device), "model": models[0], "history": results[0].history}
 
 
 def relative_difference(a: dict, b: dict) -> float:
@@ -117,19 +101,19 @@ def main() -> None:
                          f"{theory_config.n_test} walks, {steps} steps, zero init",
         "fig4": f"K 6, N 97, M 1000, 1000/1000 walks, {steps} steps, zero init; a batch of {seeds} seeds",
     }
-    one_seed(**fig4, config=TrainConfig(steps=2), device=device, dtype="float64")  # warm up
-    batch(**fig4, config=TrainConfig(steps=2), seeds=2, device=device, dtype="float64")
+    timed(**fig4, config=TrainConfig(steps=2), device=device, dtype="float64")  # warm up
+    timed(**fig4, config=TrainConfig(steps=2), device=device, dtype="float64", seeds=2)
     for dtype in dtypes:
-        part: dict = {"theory_regime": public(one_seed(**theory, config=theory_config, device=device, dtype=dtype))}
-        alone = one_seed(**fig4, config=fig4_config, device=device, dtype=dtype)
-        many = batch(**fig4, config=fig4_config, seeds=seeds, device=device, dtype=dtype)
+        part: dict = {"theory_regime": public(timed(**theory, config=theory_config, device=device, dtype=dtype))}
+        alone = timed(**fig4, config=fig4_config, device=device, dtype=dtype)
+        many = timed(**fig4, config=fig4_config, device=device, dtype=dtype, seeds=seeds)
         part["fig4_one_seed"] = public(alone)
         part["fig4_batch"] = public(many)
         part["fig4_batch_over_one_seed"] = round(many["seconds"] / alone["seconds"], 2)
         part["fig4_batch_seconds_per_seed"] = round(many["seconds"] / seeds, 4)
         part["fig4_batch_seed0_vs_alone_max_relative_difference"] = relative_difference(many, alone)
         out[dtype] = part
-    cpu = one_seed(**fig4, config=fig4_config, device=torch.device("cpu"), dtype="float64")
+    cpu = timed(**fig4, config=fig4_config, device=torch.device("cpu"), dtype="float64")
     out["fig4_one_seed_cpu_float64_one_thread"] = public(cpu)
     print(json.dumps(out, indent=1))
 

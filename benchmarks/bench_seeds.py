@@ -28,38 +28,25 @@ import time
 
 import torch
 
-from rwinterp.model import DeepConfig, DeepTransformer
+from fig4 import K, M, N, SETTING, train_paper
+from rwinterp.model import DeepConfig
 from rwinterp.tasks import CircleWalk
-from rwinterp.training import TrainConfig, choose_threads, train, train_seeds
-
-K, N, M = 6, 97, 1000
+from rwinterp.training import TrainConfig, choose_threads
 
 
-def one_seed(threads: int) -> tuple[float, DeepTransformer, list]:
+def timed(threads: int, seeds: list[int] | None) -> tuple[float, list, list]:
+    """Seconds, models and histories of one call: one seed (``seeds`` None; seed 0) or a batch of ``seeds``."""
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    model = DeepTransformer(DeepConfig.paper(K, N, M))
-    result = train(model, CircleWalk(K, 0.5, N), TrainConfig(seed=0), progress=False)
-    return time.perf_counter() - start, model, result.history
-
-
-def batch(seeds: list[int], threads: int) -> tuple[float, list, list]:
-    torch.set_num_threads(threads)
-    start = time.perf_counter()
-    models = [DeepTransformer(DeepConfig.paper(K, N, M, seed=s)) for s in seeds]
-    results = train_seeds(models, CircleWalk(K, 0.5, N), [TrainConfig(seed=s) for s in seeds], progress=False)
+    models, results = train_paper(seeds)
     return time.perf_counter() - start, models, [r.history for r in results]
 
 
 def sequential(seeds: list[int], threads: int) -> tuple[float, list, list]:
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    models, histories = [], []
-    for s in seeds:
-        model = DeepTransformer(DeepConfig.paper(K, N, M, seed=s))
-        histories.append(train(model, CircleWalk(K, 0.5, N), TrainConfig(seed=s), progress=False).history)
-        models.append(model)
-    return time.perf_counter() - start, models, histories
+    runs = [train_paper(config=TrainConfig(seed=s)) for s in seeds]
+    return time.perf_counter() - start, [m for ms, _ in runs for m in ms], [r.history for _, rs in runs for r in rs]
 
 
 def largest_difference(models_a: list, histories_a: list, models_b: list, histories_b: list) -> float:
@@ -92,14 +79,13 @@ def main() -> None:
     one_threads = args.threads or choose_threads(options, task, config)
     batch_threads = args.threads or choose_threads(options, task, config, copies=len(seeds))
     # Warm up (imports, first-call set-up), then interleave the repeats so that the machine's load hits all alike.
-    train(DeepTransformer(DeepConfig.paper(K, N, M)), task, TrainConfig(steps=2), progress=False)
-    train_seeds([DeepTransformer(DeepConfig.paper(K, N, M, seed=s)) for s in range(2)], task,
-                [TrainConfig(steps=2, seed=s) for s in range(2)], progress=False)
+    train_paper(config=TrainConfig(steps=2))
+    train_paper([0, 1], TrainConfig(steps=2))
     ones, batches, sequentials = [], [], []
     checked = None
     for repeat in range(args.repeats):
-        ones.append(one_seed(one_threads)[0])
-        seconds, models, histories = batch(seeds, batch_threads)
+        ones.append(timed(one_threads, None)[0])
+        seconds, models, histories = timed(batch_threads, seeds)
         batches.append(seconds)
         if not args.no_sequential and repeat == 0:
             seq_seconds, seq_models, seq_histories = sequential(seeds, one_threads)
@@ -113,7 +99,7 @@ def main() -> None:
                                                                                f"torch {torch.__version__}",
         "load_average_before": round(load_before, 2),
         "load_average_after": round(os.getloadavg()[0], 2),
-        "setting": f"Fig 4: K {K}, N {N}, M {M}, 1000/1000 walks, 50 steps, zero init, TrainConfig()",
+        "setting": SETTING,
         "seeds": len(seeds),
         "threads_one_seed": one_threads,
         "threads_batch": batch_threads,

@@ -28,23 +28,17 @@ from typing import Callable
 
 import torch
 
-from rwinterp.model import DeepConfig, DeepTransformer
+from fig4 import K, M, N, SETTING, train_paper
+from rwinterp.model import DeepConfig
 from rwinterp.tasks import CircleWalk
-from rwinterp.training import TrainConfig, choose_threads, train, train_seeds
-
-K, N, M = 6, 97, 1000
+from rwinterp.training import TrainConfig, choose_threads
 
 
 def fig4(seeds: int) -> tuple[float, float]:
     """Wall-clock and CPU seconds (of every thread of this process) of one training call (``seeds`` > 0: a
     batch of that many seeds)."""
-    task = CircleWalk(K, 0.5, N)
     start, cpu = time.perf_counter(), time.process_time()
-    if seeds:
-        models = [DeepTransformer(DeepConfig.paper(K, N, M, seed=s)) for s in range(seeds)]
-        train_seeds(models, task, [TrainConfig(seed=s) for s in range(seeds)], progress=False)
-    else:
-        train(DeepTransformer(DeepConfig.paper(K, N, M)), task, TrainConfig(), progress=False)
+    train_paper(list(range(seeds)) if seeds else None)
     return time.perf_counter() - start, time.process_time() - cpu
 
 
@@ -92,7 +86,7 @@ def main() -> None:
     out = {"benchmark": "bench_threads", "date": time.strftime("%Y-%m-%d %H:%M"),
            "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
            "torch": torch.__version__, "load_average_before": round(load_before, 2),
-           "setting": f"Fig 4: K {K}, N {N}, M {M}, 1000/1000 walks, 50 steps, zero init, TrainConfig()",
+           "setting": SETTING,
            "library_choice": measure(chosen, args.repeats)}
     if args.threads != out["library_choice"]["threads"]:
         out["fixed_threads"] = measure(args.threads, args.repeats)

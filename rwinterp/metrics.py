@@ -8,6 +8,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from rwinterp.losses import over_samples
+
 
 def predict(scores: Float[Tensor, "... K"]) -> Int[Tensor, "..."]:
     """The paper's prediction: the smallest index among the maximisers of the scores.
@@ -38,7 +40,7 @@ def accuracy_tensor(
     """:func:`accuracy` as a float64 tensor on the scores' device (read many at once, with one transfer); with
     leading axes (a stack of models), one number for each."""
     hits = (predict(scores) == labels).to(torch.float64)
-    return _over_samples(hits, weights)
+    return over_samples(hits, weights)
 
 
 def parent_attention(
@@ -58,13 +60,7 @@ def parent_attention_tensor(
     """:func:`parent_attention` as a float64 tensor on the pattern's device; with leading axes, one number for
     each."""
     on_parent = pattern[..., list(parents)].sum(-1).to(torch.float64)
-    return _over_samples(on_parent, weights)
-
-
-def _over_samples(values: Float[Tensor, "*models batch"], weights: Float[Tensor, "*models batch"] | None) -> Tensor:
-    """:func:`rwinterp.losses.average` over the last axis: each model's samples are summed as one contiguous row,
-    the same sum for a model alone and for each model of a stack."""
-    return values.mean(-1) if weights is None else (values * weights.to(values.dtype)).sum(-1)
+    return over_samples(on_parent, weights)
 
 
 def exact_scale(x: Tensor) -> float:

@@ -236,9 +236,9 @@ def _batch_first(info: Any, in_dims: tuple, *args: Any) -> list[Any]:
 
 
 # The Functions below take any number of leading dimensions (a stack of independent models, one per
-# seed: see :func:`rwinterp.training.train_seeds`), and under ``torch.func.vmap`` they run once on the
-# stacked tensors (their ``vmap`` rule), so that each model's sums run in the same order as when it is
-# run alone.
+# seed: see :func:`rwinterp.training.train_seeds`), called so directly (DeepTransformer.computes_stacks)
+# or under ``torch.func.vmap``, where they run once on the stacked tensors (their ``vmap`` rule), so that
+# each model's sums run in the same order as when it is run alone.
 
 
 class SymmetricReadout(torch.autograd.Function):
@@ -413,6 +413,14 @@ class SeparableAttention(torch.autograd.Function):
     @staticmethod
     def vmap(info: Any, in_dims: tuple, c: Tensor, d: Tensor, tokens: Tensor, keys: Any) -> tuple[tuple, tuple]:
         return SeparableAttention.apply(*_batch_first(info, in_dims, c, d, tokens, keys)), (0,) * 7
+
+
+def _products(table: Float[Tensor, "*models n d"], u: Float[Tensor, "*models d"]) -> Float[Tensor, "*models n"]:
+    """``table @ u``, for one model or a stack of models (``u`` with a leading model axis; ``table`` shared by the
+    models, or stacked like ``u``)."""
+    if u.ndim == 1:
+        return table @ u
+    return (table @ u.mT).mT if table.ndim == 2 else (table @ u[..., None])[..., 0]
 
 
 def _one_query(x_q: Tensor) -> bool:
@@ -635,17 +643,19 @@ class Attention(nn.Module):
 
     def separable(
         self,
-        token_keys: Float[Tensor, " d_vocab"],
-        position_keys: Float[Tensor, " pos"],
-        tokens: Int[Tensor, "batch pos"],
+        token_keys: Float[Tensor, "*models d_vocab"],
+        position_keys: Float[Tensor, "*models pos"],
+        tokens: Int[Tensor, "*models batch pos"],
         keys: Optional[slice | list[int]] = None,
-    ) -> tuple[Float[Tensor, "batch 1 1 d_head"], Float[Tensor, "batch 1 keys"]]:
+    ) -> tuple[Float[Tensor, "*models batch 1 1 d_head"], Float[Tensor, "*models batch 1 keys"]]:
         """``z`` of the rank-one query path when every key is ``token_keys[x_i] + position_keys[i]`` and nothing
         hooks the queries, keys, scores, pattern or values (:class:`SeparableAttention`); with ``keys`` (positions,
-        or ``slice(None)``), also the query slot's pattern at those key positions (else an empty tensor)."""
+        or ``slice(None)``), also the query slot's pattern at those key positions (else an empty tensor). With
+        leading model axes on the keys, the tokens and ``W_V`` (a stack of models), one for each model."""
         summed, pattern = SeparableAttention.apply(token_keys, position_keys, tokens, keys)[:2]
-        z = SymmetricReadout.apply(summed[:, : self.cfg.n_states], self.W_V[0].T)[:, None, None, :]
-        return self.hook_z(z), pattern[:, None]
+        V = self.W_V[..., 0, :, :].mT
+        z = SymmetricReadout.apply(summed[..., : self.cfg.n_states], V)[..., None, None, :]
+        return self.hook_z(z), pattern[..., None, :]
 
     def rank_one(
         self,
@@ -1052,7 +1062,7 @@ class DeepTransformer(HookedRootModule):
         if cfg.n_layers != 1 or cfg.n_heads != 1:
             return None
         if cfg.values == "tokens" and cfg.readout == "fixed" and cfg.token_embedding == "onehot":
-            return self.blocks[0].attn.W_V[0].T.contiguous()
+            return self.blocks[0].attn.W_V[..., 0, :, :].mT.contiguous()  # (of every model of a stack, at once)
         if cfg.mlp_width is None:
             return (self.W_E[: cfg.n_states] @ self.W_V[0, 0] @ self.W_O[0, 0] @ self.W_U).T
         return None
@@ -1199,7 +1209,7 @@ class DeepTransformer(HookedRootModule):
                           keys: Optional[Sequence[int]] = None) -> Float[Tensor, "batch 1 K"]:
         """The forward pass with the rank-one query (see the module docstring). ``rows``, a list, gets the query
         slot's attention pattern (``[batch, 1, pos]``, or at the key positions ``keys``; no gradient) where the
-        separable path computes it."""
+        separable path computes it. (The separable path also computes a stack of models: :meth:`computes_stacks`.)"""
         cfg = self.cfg
         block = self.blocks[0]
         attn = block.attn
@@ -1219,7 +1229,7 @@ class DeepTransformer(HookedRootModule):
         elif self._separable():
             # The scores u_tok[x_i] + p_i . u_pos separate into a token part and a position part.
             wanted = None if rows is None else slice(None) if keys is None else list(keys)
-            z, pattern = attn.separable(self.W_E @ u, self.W_pos @ u, tokens, wanted)
+            z, pattern = attn.separable(_products(self.W_E, u), _products(self.W_pos, u), tokens, wanted)
             if rows is not None:
                 rows.append(pattern)
         else:
@@ -1231,10 +1241,8 @@ class DeepTransformer(HookedRootModule):
                 keys = keys / squared.sqrt() * cfg.token_norm
         if z is None:
             z = attn.rank_one(keys, tokens, token_part)
-        head_out = z.flatten(1, 2)  # [batch, 1, d_head]
-        dense = [getattr(block, n) for n in ("hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
-                 if hasattr(block, n)]
-        if not any(h.has_hooks() for h in dense):
+        head_out = z.flatten(-3, -2)  # [batch, 1, d_head] (with the models first: see computes_stacks)
+        if not self._output_stream_hooked():
             # Nothing reads the d_model-wide output stream: skip embedding into it.
             return head_out if cfg.mlp_width is None else block.mlp(head_out)
         # W_O writes the head output into the first d_head residual coordinates.
@@ -1246,6 +1254,21 @@ class DeepTransformer(HookedRootModule):
             mlp_out = block.hook_mlp_out(block._mlp_out(resid_mid))
             resid_post = block.hook_resid_post(mlp_out)
         return resid_post[..., :K]
+
+    def computes_stacks(self) -> bool:
+        """Whether :func:`training_logits` computes a stack of these models as it is, with the stacked parameters
+        in place of the model's own and a leading model axis on the tokens (:meth:`rwinterp.stack.ModelStack.call`),
+        without ``torch.func.vmap``: the paper's model on the separable path (:meth:`_separable`) with nothing
+        hooked on its output stream. (Its Functions take leading axes; ``vmap`` adds a fixed cost to every
+        operation: a tenth to a fifth of the time of 20 seeds of the Fig 4 setting.)"""
+        return self._separable() and self.cfg.mlp_width is None and not self._output_stream_hooked()
+
+    def _output_stream_hooked(self) -> bool:
+        """Whether a hook reads the rank-one block's d_model-wide output stream (else it is not formed)."""
+        block = self.blocks[0]
+        dense = [getattr(block, n) for n in ("hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
+                 if hasattr(block, n)]
+        return any(h.has_hooks() for h in dense)
 
     def _separable(self) -> bool:
         """Whether the rank-one query path takes :class:`SeparableAttention`: raw (not normalised) tokens, and no
@@ -1311,12 +1334,17 @@ def training_logits(
     (``[batch, head, pos]``, or only the key positions ``keys``; detached), as
     :func:`rwinterp.training.logits_and_pattern` reads it from ``hook_pattern``. The paper's model forms its
     pattern on the separable path (:class:`SeparableAttention`), without hooks and only at ``keys``; any other
-    model, or one with hooks attached, runs through its hooks."""
-    if pattern_row is None:
-        return model(tokens, check=False)
+    model, or one with hooks attached, runs through its hooks. A model that :meth:`~DeepTransformer.computes_stacks`
+    takes a stack's tensors as they are (``tokens [models, batch, pos]``; logits and pattern with the models
+    first)."""
     if model._separable():
         rows: list = []
-        return model._rank_one_forward(model._check_tokens(tokens, values=False), rows, keys), rows
+        if tokens.ndim <= 2:  # (not a stack of models)
+            tokens = model._check_tokens(tokens, values=False)
+        logits = model._rank_one_forward(tokens, None if pattern_row is None else rows, keys)
+        return logits if pattern_row is None else (logits, rows)
+    if pattern_row is None:
+        return model(tokens, check=False)
     from rwinterp.training import logits_and_pattern
 
     return logits_and_pattern(model, tokens, pattern_row, keys, check=False)

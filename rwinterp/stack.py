@@ -12,7 +12,7 @@ parameters steps every model.
 What it saves is the per-operation cost (Python, dispatch, a GPU's kernel launches), not arithmetic: each
 model still does its own. A small model on a GPU, which alone leaves the device idle, gains the most; on a
 CPU a model as small as the paper's Fig 4 setting is already mostly arithmetic, and a batch of 20 costs
-about 11 to 15 times one seed where 20 runs in turn cost about 19 to 23 (``benchmarks/bench_seeds.py``).
+about 5 times one seed where 20 runs in turn cost about 19 to 23 (``benchmarks/bench_seeds.py``).
 
 :class:`ModelStack` does the bookkeeping:
 
@@ -24,6 +24,8 @@ about 11 to 15 times one seed where 20 runs in turn cost about 19 to 23 (``bench
 * :meth:`ModelStack.map` runs a function of one model under ``vmap``: the first model stands for all of
   them, its tensors replaced by the stacked ones (by name, in every module that holds them, so models whose
   modules share a parameter under several names, such as TransformerLens bridges, are handled).
+  :meth:`ModelStack.call` runs a function that computes the whole stack itself, with no ``vmap`` (the paper's
+  model: :meth:`rwinterp.model.DeepTransformer.computes_stacks`).
 
 What may run under ``vmap``: the model's forward pass must not read its data in Python (``int(x)``,
 ``if x.any()``); :class:`rwinterp.model.DeepTransformer` takes ``check=False`` to leave its token check to
@@ -141,6 +143,13 @@ class ModelStack:
         finally:
             for table, attr, old in reversed(saved):
                 table[attr] = old
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(model, *args)`` once, the model holding the stacked tensors themselves (``[models, ...]``), for a
+        function that computes every model at once along that leading axis (``args`` carry it too): no ``vmap``
+        and none of its cost per operation."""
+        with self._substituted({**self.params, **self.buffers}) as model:
+            return fn(model, *args)
 
     def map(self, fn: Callable[..., Any], *args: Any, in_dims: Sequence[Any]) -> Any:
         """``fn(model, *args)`` for every model at once: ``vmap`` over the stack, ``args`` mapped along

@@ -24,7 +24,8 @@ every batch (``task.fresh_batches``, the in-context chains) do so when the optim
 
 Many seeds at once: :func:`train_seeds` trains several models of one configuration (one per seed, each with
 its own initialisation and data) in one batched computation, their parameters stacked and their forward
-pass mapped over the stack with ``torch.func.vmap`` (:mod:`rwinterp.stack`), with the same loop as
+pass mapped over the stack with ``torch.func.vmap`` (:mod:`rwinterp.stack`; the paper's model computes the
+stack itself, without ``vmap``: ``DeepTransformer.computes_stacks``), with the same loop as
 :func:`train`: each model's history and weights are those of training it alone (float64: to 1e-10
 relative, bit for bit on the paper's model in the library's tests).
 
@@ -159,7 +160,7 @@ def objective(config: TrainConfig, logits: torch.Tensor, batch: Batch, states: b
     """The training loss: on the label's scores, or (``next_token``) on every position's."""
     K = K or logits.shape[-1]
     if not config.next_token:
-        return losses.loss(config.loss, logits[:, label_row(states), :K], batch.labels, batch.weights, config.eps)
+        return losses.loss(config.loss, logits[..., label_row(states), :K], batch.labels, batch.weights, config.eps)
     targets = next_token_targets(batch, states)
     logits = logits[:, : targets.shape[1], :K]
     require(logits.shape[1] == targets.shape[1],
@@ -229,15 +230,15 @@ def _optimizer(params: Any, config: TrainConfig) -> torch.optim.Optimizer:
     return GradientDescent(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
-def _v_distances(models: list[torch.nn.Module], task: Task) -> list[Optional[float]]:
-    """Each model's distance of V from the task's transition matrix (:func:`transition_distance`); ``None`` where
-    the task has none, the model no V of K x K, or V = 0."""
+def _v_distances(Vs: Optional[torch.Tensor], task: Task, K: int) -> Optional[list[Optional[float]]]:
+    """The distance of each model's V (``Vs [models, K, K]``) from the task's transition matrix
+    (:func:`transition_distance`), ``None`` where V = 0; ``None`` where the task has no transition matrix or the
+    models no V of K x K."""
     Pi = getattr(task, "transition_matrix", None)
-    Vs = [getattr(model, "V", None) for model in models]
-    if Pi is None or any(V is None or V.shape[0] != model.cfg.n_states for V, model in zip(Vs, models)):
-        return [None] * len(models)
+    if Pi is None or Vs is None or Vs.shape[-2] != K:
+        return None
     # (on the CPU: K x K matrices, read with one transfer)
-    distances = transition_distance_tensor(torch.stack([V.detach() for V in Vs]).cpu(), Pi()).tolist()
+    distances = transition_distance_tensor(Vs.detach().cpu(), Pi()).tolist()
     return [None if math.isnan(d) else d for d in distances]
 
 
@@ -321,10 +322,11 @@ def train_seeds(
     Each model draws its own data from its config's seed (``data[i]``, if given, replaces it), so that each
     model's initialisation, data, mini-batches and fresh batches are exactly those of training it alone. The
     models' parameters are stacked and their forward pass mapped over the stack with ``torch.func.vmap``
-    (:mod:`rwinterp.stack`): one forward and one backward pass per step for all of them (a single model is trained
-    as :func:`train` trains it). Each model's history and final weights equal those of training it alone up to
-    round-off (float64: to 1e-10 relative; in the library's tests they are bit-identical on the paper's model),
-    and ``train_seconds`` is the time of the whole batch.
+    (:mod:`rwinterp.stack`; a model that ``computes_stacks()``, the paper's, runs the stack itself): one forward
+    and one backward pass per step for all of them (a single model is trained as :func:`train` trains it). Each
+    model's history and final weights equal those of training it alone up to round-off (float64: to 1e-10
+    relative; in the library's tests they are bit-identical on the paper's model), and ``train_seconds`` is the
+    time of the whole batch.
 
     A model whose loss stops being finite stops there as with :func:`train` (it keeps the parameters of its
     last finite step, its history ends there) without stopping the others: its result's ``diverged`` holds
@@ -438,6 +440,11 @@ class _Alone:
         attention on the parent positions (:func:`_summary`)."""
         return _summary(train.logits, test.logits, test.heads, train_data, test_data, row, K)[None]
 
+    def value_matrices(self, live: list[int]) -> Optional[torch.Tensor]:
+        """The paper's V of the models ``live`` (``[models, d_head, K]``), or None where a model has none."""
+        Vs = [getattr(self.models[i], "V", None) for i in live]
+        return None if any(V is None for V in Vs) else torch.stack(Vs)
+
     def backward(self, loss: torch.Tensor, scale: float) -> None:
         (loss * scale).backward()
 
@@ -469,6 +476,9 @@ class _Stacked(_Alone):
         self.decaying = [stack.buffers[n] for n in names]
         self.changing = [*stack.params.values(), *self.decaying]
         self._set_forward(models[0])
+        # (a model that computes a stack itself is run without vmap; see DeepTransformer.computes_stacks)
+        own = getattr(models[0], "computes_stacks", None)
+        self.whole = self.fast is not None and callable(own) and own() and not config.next_token
 
     def join(self, batches: list[Batch], check: bool = True) -> "_Joined":  # type: ignore[override]
         """The models' batches as one (see :meth:`_Alone.join`)."""
@@ -493,8 +503,13 @@ class _Stacked(_Alone):
             return objective(config, logits, batch, states, K), logits, heads
 
         b, dim = joined.batch, joined.dim
-        dims = [None if t is None else dim for t in (b.tokens, b.labels, b.weights, b.states)]
-        loss, logits, heads = self.stack.map(one, b.tokens, b.labels, b.weights, b.states, in_dims=dims)
+        if self.whole:  # every model at once, the shared data expanded along the models' axis
+            data = [t if t is None or dim == 0 else t.expand(self.stack.size, *t.shape)
+                    for t in (b.tokens, b.labels, b.weights, b.states)]
+            loss, logits, heads = self.stack.call(one, *data)
+        else:
+            dims = [None if t is None else dim for t in (b.tokens, b.labels, b.weights, b.states)]
+            loss, logits, heads = self.stack.map(one, b.tokens, b.labels, b.weights, b.states, in_dims=dims)
         return _Pass(loss, logits, list(heads))
 
     def values(self, loss: torch.Tensor) -> list[float]:
@@ -503,6 +518,12 @@ class _Stacked(_Alone):
     def summaries(self, train: _Pass, test: _Pass, train_data: "_Joined",  # type: ignore[override]
                   test_data: "_Joined", row: int, K: int) -> torch.Tensor:
         return _summary(train.logits, test.logits, test.heads, train_data.batch, test_data.batch, row, K).T
+
+    def value_matrices(self, live: list[int]) -> Optional[torch.Tensor]:
+        if not self.whole:
+            return super().value_matrices(live)
+        Vs = self.stack.call(lambda model: model.V)
+        return None if Vs is None else Vs[live]
 
     def backward(self, loss: torch.Tensor, scale: float) -> None:
         # Each model's loss depends on its own slice alone: the sum's gradient is every model's gradient.
@@ -628,7 +649,7 @@ def _fit(
             # Every model's accuracies and attention, read back at once (one transfer from a GPU).
             summaries = trainees.summaries(out, test, train_all, train_all if test_all is None else test_all, row,
                                            K).tolist()
-            distances = _v_distances([models[i] for i in live], task)
+            distances = _v_distances(trainees.value_matrices(live), task, K) or [None] * len(live)
             for i, v_distance in zip(live, distances):
                 numbers = iter(summaries[i])
                 record = {

@@ -52,6 +52,7 @@ CASES = {
     "paper adamw": ("deep", GAUSSIAN, dict(steps=10, optimizer="adamw", lr=0.01, weight_decay=0.1), None),
     "paper adamw cosine": ("deep", GAUSSIAN, dict(steps=10, optimizer="adamw", lr=0.01, weight_decay=0.1,
                                                  lr_schedule="cosine"), None),
+    "paper sgd": ("deep", GAUSSIAN, dict(steps=10, optimizer="sgd", batch_size=50, n_train=200, eval_every=3), None),
     "paper sgd normalised": ("deep", dict(GAUSSIAN, normalize_tokens=True),
                              dict(steps=10, optimizer="sgd", batch_size=50, n_train=200, eval_every=3), None),
     "paper FC layer": ("deep", dict(PAPER, init="gaussian", init_sigma=0.1, mlp_width=4), dict(steps=10, loss="xent"),
@@ -208,6 +209,29 @@ def test_a_seed_that_diverges_stops_alone():
             assert result.diverged is None
             _assert_same_history(result.history, solo.history)
             _assert_same_weights(model, alone)
+
+
+def test_the_paper_model_computes_its_stack_without_vmap(monkeypatch):
+    """The paper's model runs a stack as it is (``computes_stacks``): no ``vmap``, and every number bit-equal to
+    training each seed alone. With a hook on its output stream it no longer does, and the stack goes through
+    ``vmap``."""
+    task, options = CircleWalk(5, 0.7, 9), dict(PAPER, init="gaussian", init_sigma=0.05)
+    configs = [TrainConfig(steps=6, n_train=50, n_test=50, seed=s) for s in SEEDS]
+    mapped = []
+    vmap = torch.func.vmap
+    monkeypatch.setattr(torch.func, "vmap", lambda *a, **k: mapped.append(1) or vmap(*a, **k))
+    models = [build("deep", options, s) for s in SEEDS]
+    results = train_seeds(models, task, configs, progress=False)
+    assert mapped == []
+    for seed, config, model, result in zip(SEEDS, configs, models, results):
+        alone = build("deep", options, seed)
+        assert result.history == train(alone, task, config, progress=False).history
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), alone.state_dict().values()))
+    hooked = [build("deep", options, s) for s in SEEDS]
+    hooked[0].blocks[0].hook_resid_post.add_hook(lambda x, hook: x)
+    assert not hooked[0].computes_stacks()
+    again = train_seeds(hooked, task, configs, progress=False)
+    assert mapped and [r.history for r in again] == [r.history for r in results]
 
 
 @pytest.mark.parametrize("seed", [0, 2])
