@@ -34,7 +34,7 @@ from rwinterp.tasks import CircleWalk
 from rwinterp.training import TrainConfig, choose_threads
 
 
-def fig4(seeds: int) -> tuple[float, float]:
+def timed_call(seeds: int) -> tuple[float, float]:
     """Wall-clock and CPU seconds (of every thread of this process) of one training call (``seeds`` > 0: a
     batch of that many seeds)."""
     start, cpu = time.perf_counter(), time.process_time()
@@ -44,7 +44,7 @@ def fig4(seeds: int) -> tuple[float, float]:
 
 def timed(threads: int, repeats: int, seeds: int = 0) -> list[tuple[float, float]]:
     torch.set_num_threads(threads)
-    return [fig4(seeds) for _ in range(repeats)]
+    return [timed_call(seeds) for _ in range(repeats)]
 
 
 def measure(threads: int | Callable[[], int], repeats: int, seeds: int = 0) -> dict:
@@ -82,7 +82,7 @@ def main() -> None:
     def chosen(copies: int = 1) -> int:
         return choose_threads(DeepConfig.paper(K, N, M), CircleWalk(K, 0.5, N), TrainConfig(), copies=copies)
 
-    fig4(0)  # warm up
+    timed_call(0)  # warm up
     out = {"benchmark": "bench_threads", "date": time.strftime("%Y-%m-%d %H:%M"),
            "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
            "torch": torch.__version__, "load_average_before": round(load_before, 2),
