@@ -415,12 +415,10 @@ class SeparableAttention(torch.autograd.Function):
         return SeparableAttention.apply(*_batch_first(info, in_dims, c, d, tokens, keys)), (0,) * 7
 
 
-def _products(table: Float[Tensor, "*models n d"], u: Float[Tensor, "*models d"]) -> Float[Tensor, "*models n"]:
-    """``table @ u``, for one model or a stack of models (``u`` with a leading model axis; ``table`` shared by the
-    models, or stacked like ``u``)."""
-    if u.ndim == 1:
-        return table @ u
-    return (table @ u.mT).mT if table.ndim == 2 else (table @ u[..., None])[..., 0]
+def _products(table: Float[Tensor, "n d"], u: Float[Tensor, "*models d"]) -> Float[Tensor, "*models n"]:
+    """``table @ u``, for one model or a stack of models (``u`` with a leading model axis; a fixed embedding
+    ``table`` is the same in every model, so a stack shares it)."""
+    return table @ u if u.ndim == 1 else (table @ u.mT).mT
 
 
 def _one_query(x_q: Tensor) -> bool:
