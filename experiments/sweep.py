@@ -521,13 +521,13 @@ def write_table(out: Path, rows: list[dict[str, Any]], columns: list[str]) -> No
 
 def plot(out: Path, rows: list[dict[str, Any]], score: str, against: str, others: list[str]) -> Optional[Path]:
     """``OUT/SCORE.png``: the mean of ``score`` over seeds against ``against``, a line per combination of the
-    ``others`` swept settings, with the bootstrap 95% interval of the mean (:class:`probes.stats.Spread`)."""
+    ``others`` swept settings, with the bootstrap 95% interval of the mean (:class:`probes.stats.Estimate`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from probes.stats import Spread
+    from probes.stats import Estimate
 
     groups: dict[tuple, dict[Any, list[float]]] = {}
     for r in rows:
@@ -543,13 +543,12 @@ def plot(out: Path, rows: list[dict[str, Any]], score: str, against: str, others
     order = sorted({x for g in groups.values() for x in g}, key=lambda x: (x if numeric else str(x)))
     for key, by_x in groups.items():
         xs = [x for x in order if x in by_x]
-        spreads = [Spread.of(by_x[x]) for x in xs]
+        estimates = [Estimate.of(by_x[x]) for x in xs]
         pos = xs if numeric else [order.index(x) for x in xs]
-        mean = [s.mean for s in spreads]
         label = ", ".join(f"{o}={k}" for o, k in zip(others, key)) or None
-        line, = ax.plot(pos, mean, marker="o", label=label)
-        ax.fill_between(pos, [s.ci_low for s in spreads], [s.ci_high for s in spreads], color=line.get_color(),
-                        alpha=0.2, linewidth=0)
+        line, = ax.plot(pos, [e.mean for e in estimates], marker="o", label=label)
+        lows, highs = zip(*(e.interval for e in estimates))
+        ax.fill_between(pos, lows, highs, color=line.get_color(), alpha=0.2, linewidth=0)
     if not numeric:
         ax.set_xticks(range(len(order)), [str(x) for x in order])
     ax.set_xlabel(against)

@@ -61,7 +61,7 @@ def summary_json(card: Scorecard, comparison: Optional[Comparison] = None) -> di
         if table is not None:
             out["heads"] = table.to_json(card.head_ablation)
         out["baseline"] = nest_scores(comparison.baseline_means())
-        out["baseline_spread"] = nest_scores({k: {"std": s.std, "ci_low": s.ci_low, "ci_high": s.ci_high}
+        out["baseline_spread"] = nest_scores({k: {"std": s.std, "interval": s.interval}
                                               for k, s in comparison.spreads.items()})
         out["baseline_seeds"] = comparison.seeds
     return out
@@ -166,7 +166,7 @@ def write_probe_report(out: Path, card: Scorecard, source: str, comparison: Opti
                             plot_over_training(curve, tmp / "over_training.png")))
         if comparison is not None:
             rows = [(k, flat.get(k, math.nan), _interval(card, k), comparison.spreads[k].mean,
-                     (comparison.spreads[k].ci_low, comparison.spreads[k].ci_high))
+                     comparison.spreads[k].interval)
                     for k in HEADLINE if k in comparison.spreads and k != "bayes_accuracy"]
             bayes = flat.get("bayes_accuracy")
             plot_bars(rows, ("trained", f"random init ({len(comparison.seeds)} seeds)"),
@@ -181,7 +181,7 @@ def write_probe_report(out: Path, card: Scorecard, source: str, comparison: Opti
             payload["baseline"] = {
                 "kind": "random", "seeds": comparison.seeds,
                 **{stat: nest_scores({k: getattr(s, stat) for k, s in comparison.spreads.items()})
-                   for stat in ("mean", "std", "ci_low", "ci_high")},
+                   for stat in ("mean", "std", "interval")},
                 "values": nest_scores({k: s.values for k, s in comparison.spreads.items()}),
             }
         (tmp / SCORES_FILE).write_text(json.dumps(jsonable(payload), indent=1))
@@ -252,7 +252,7 @@ def _score_table(card: Scorecard, flat: dict[str, float], comparison: Optional[C
         row = f"| `{key}`{direction(key)} | {MEANING[key]} | {_cell(card, flat, key)} |"
         if comparison is not None:
             s = comparison.spreads.get(key)
-            row += (f" {_fmt(s.mean)} ± {_fmt(s.std)} [{_fmt(s.ci_low)}, {_fmt(s.ci_high)}] |" if s else " |")
+            row += (f" {_fmt(s.mean)} ± {_fmt(s.std)} [{_fmt(s.interval[0])}, {_fmt(s.interval[1])}] |" if s else " |")
         lines.append(row)
     lines += ["", ARROWS, "All scores, with every hook and head, are in `scores.json`."]
     return lines

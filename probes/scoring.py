@@ -41,7 +41,7 @@ from probes.attention import AttentionResult, attention_probe
 from probes.config import ProbeConfig
 from probes.heads import CompositionResult, HeadResult, HeadTable, composition_scores, head_probe, head_table
 from probes.patching import PatchingResult, patching_probe
-from probes.stats import Spread, bootstrap_interval, bootstrap_weights, point_weights, wmean
+from probes.stats import Estimate, bootstrap_interval, bootstrap_weights, point_weights, wmean
 from probes.targets import Targets, evaluating, run_logits, targets_for
 from probes.transition import TransitionResult, transition_of, transition_probe
 from rwinterp.errors import require
@@ -400,12 +400,13 @@ def baseline_seeds(model: Any, n: int, start: int = 1000) -> list[int]:
 
 @dataclass
 class Comparison:
-    """A scorecard against several others (random baselines), with the spread of each score."""
+    """A scorecard against several others (random baselines), with each score over them (``spreads``: its
+    values, mean, standard deviation and bootstrap interval of the mean over the random models)."""
 
     trained: Scorecard
     baselines: list[Scorecard]
     seeds: list[int]
-    spreads: dict[str, Spread]
+    spreads: dict[str, Estimate]
 
     def baseline_means(self) -> dict[str, float]:
         return {k: s.mean for k, s in self.spreads.items()}
@@ -445,7 +446,7 @@ def compare_to_random(
                            disable=None if config.progress is None else not config.progress)]
     keys = list(dict.fromkeys(k for c in cards for k in c.flat()))
     flats = [c.flat() for c in cards]
-    spreads = {k: Spread.of([f.get(k, math.nan) for f in flats], config.confidence, seed=config.seed) for k in keys}
+    spreads = {k: Estimate.of([f.get(k, math.nan) for f in flats], config.confidence, seed=config.seed) for k in keys}
     return Comparison(trained, cards, seed_list, spreads)
 
 

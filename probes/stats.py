@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from statistics import NormalDist
+from statistics import NormalDist, stdev
 from typing import Optional, Sequence
 
 import torch
@@ -101,34 +101,6 @@ def bootstrap_interval(draws: Float[Tensor, " draws"], point: float, confidence:
     return lo, hi
 
 
-@dataclass
-class Spread:
-    """A score over several models (e.g. random-initialised seeds): mean, spread and interval."""
-
-    values: list[float]
-    mean: float
-    std: float
-    ci_low: float
-    ci_high: float
-
-    @classmethod
-    def of(cls, values: list[float], confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> "Spread":
-        """Mean and sample standard deviation over the finite values, with a bootstrap interval
-        of the mean (TransformerLens ``bootstrap_ci``; collapses to a point for one value)."""
-        finite = [v for v in values if v is not None and math.isfinite(v)]
-        if not finite:
-            return cls(list(values), math.nan, math.nan, math.nan, math.nan)
-        x = torch.tensor(finite, dtype=torch.float64)
-        std = float(x.std()) if len(finite) > 1 else 0.0
-        lo, hi = bootstrap_ci(x, confidence=confidence, n_resamples=resamples,
-                              generator=derive_generator(seed, "seed-bootstrap"))
-        return cls(list(values), float(x.mean()), std, float(lo), float(hi))
-
-    def to_dict(self) -> dict:
-        return {"mean": self.mean, "std": self.std, "ci_low": self.ci_low, "ci_high": self.ci_high,
-                "values": self.values}
-
-
 #: Resamples of the runs behind an :class:`Estimate`'s interval (a few values each: cheap).
 RUN_RESAMPLES = 2000
 
@@ -152,6 +124,12 @@ class Estimate:
     @property
     def defined(self) -> list[float]:
         return [v for v in self.values if v is not None and math.isfinite(v)]
+
+    @property
+    def std(self) -> float:
+        """The sample standard deviation of the defined values (NaN with fewer than two)."""
+        defined = self.defined
+        return stdev(defined) if len(defined) > 1 else math.nan
 
     @classmethod
     def of(cls, values: list[float], confidence: float = 0.95, resamples: int = RUN_RESAMPLES,

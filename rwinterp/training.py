@@ -230,13 +230,13 @@ def _optimizer(params: Any, config: TrainConfig) -> torch.optim.Optimizer:
     return GradientDescent(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
-def _v_distances(Vs: Optional[torch.Tensor], task: Task, K: int) -> Optional[list[Optional[float]]]:
-    """The distance of each model's V (``Vs [models, K, K]``) from the task's transition matrix
-    (:func:`transition_distance`), ``None`` where V = 0; ``None`` where the task has no transition matrix or the
+def _v_distances(Vs: Optional[torch.Tensor], task: Task, K: int, n: int) -> list[Optional[float]]:
+    """The distance of each of the ``n`` models' V (``Vs [n, K, K]``) from the task's transition matrix
+    (:func:`transition_distance`), ``None`` where V = 0; all ``None`` where the task has no transition matrix or the
     models no V of K x K."""
     Pi = getattr(task, "transition_matrix", None)
     if Pi is None or Vs is None or Vs.shape[-2] != K:
-        return None
+        return [None] * n
     # (on the CPU: K x K matrices, read with one transfer)
     distances = transition_distance_tensor(Vs.detach().cpu(), Pi()).tolist()
     return [None if math.isnan(d) else d for d in distances]
@@ -649,7 +649,7 @@ def _fit(
             # Every model's accuracies and attention, read back at once (one transfer from a GPU).
             summaries = trainees.summaries(out, test, train_all, train_all if test_all is None else test_all, row,
                                            K).tolist()
-            distances = _v_distances(trainees.value_matrices(live), task, K) or [None] * len(live)
+            distances = _v_distances(trainees.value_matrices(live), task, K, len(live))
             for i, v_distance in zip(live, distances):
                 numbers = iter(summaries[i])
                 record = {

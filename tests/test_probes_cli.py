@@ -44,7 +44,15 @@ def test_probe_writes_a_report_and_prints_the_scores(runs, capsys):
                      "trained_vs_random.png", "heads.png"}
     scores = json.loads((out / "scores.json").read_text())
     assert scores["scores"] == {k: v for k, v in data.items() if not k.startswith("baseline") and k != "report"}
-    assert len(scores["baseline"]["values"]["accuracy"]) == 2
+    values = scores["baseline"]["values"]["transition"]["distance"]
+    assert len(values) == 2 and scores["baseline"]["mean"]["transition"]["distance"] == pytest.approx(
+        sum(values) / 2, rel=RTOL)
+    # the random models' spread: sample standard deviation, and the interval of the mean between the two values
+    assert scores["baseline"]["std"]["transition"]["distance"] == pytest.approx(abs(values[0] - values[1]) / 2 ** 0.5,
+                                                                                rel=RTOL)
+    low, high = scores["baseline"]["interval"]["transition"]["distance"]
+    assert min(values) <= low <= high <= max(values)
+    assert data["baseline_spread"]["transition"]["distance"]["interval"] == [low, high]
     report = (out / "report.md").read_text()
     for figure in ("transition.png", "attention.png", "patching.png", "trained_vs_random.png", "heads.png"):
         assert f"]({figure})" in report

@@ -15,7 +15,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from probes.attention import attention_probe
 from probes.config import ProbeConfig
 from probes.patching import patching_probe
-from probes.stats import Spread, bootstrap_interval, bootstrap_weights, point_weights, ratio, wmean
+from probes.stats import Estimate, bootstrap_interval, bootstrap_weights, point_weights, ratio, wmean
 from probes.targets import evaluating, targets_for
 from probes.transition import compare_to_transition, transition_probe
 from rwinterp.chains import PersistentWalk
@@ -262,11 +262,12 @@ def test_bias_corrected_bootstrap_interval():
     assert all(math.isnan(x) for x in bootstrap_interval(draws, math.nan))
 
 
-def test_spread_over_models():
-    spread = Spread.of([1.0, 2.0, 3.0, float("nan")])
+def test_a_score_over_models():
+    spread = Estimate.of([1.0, 2.0, 3.0, float("nan")])
     # NaN left out; of three values a resample is all 1s (or all 3s) with chance 1/27 > 2.5%, so the 95%
     # percentile interval of the mean is exactly [1, 3].
-    assert (spread.mean, spread.std, spread.ci_low, spread.ci_high) == (2.0, 1.0, 1.0, 3.0)
+    assert (spread.mean, spread.std, spread.interval) == (2.0, 1.0, (1.0, 3.0))
+    assert math.isnan(Estimate.of([1.0, float("nan")]).std)
 
 
 def test_evaluating_restores_every_submodule_mode():
