@@ -623,20 +623,21 @@ def curve_sizes(n_edges: int, points: int = CURVE_POINTS, extra: Sequence[int] =
 def faithfulness_curve(model: Any, setup: _Setup, structure: Structure, edges: list[Edge], order: list[int],
                        sizes: list[int], replacement: dict[str, Tensor], weights: Optional[Tensor],
                        rows: int) -> tuple[Faithfulness, int]:
-    """Faithfulness of the first ``k`` edges of ``order`` for every ``k`` in ``sizes`` (one run each, and
-    the full and the fully ablated model), and the forward passes spent."""
+    """Faithfulness of the first ``k`` edges of ``order`` for every ``k`` in ``sizes``: one run each, the full
+    model (``k`` = every edge) and the fully ablated one (``k = 0``) among them, measured once whether asked for
+    or not. Returns the curve at ``sizes`` and the forward passes spent."""
     E = len(edges)
-    coef = torch.ones(len(sizes) + 2, E, dtype=torch.float64)
-    coef[0] = 0.0  # the full model
-    for row, k in enumerate(sizes, start=2):
+    measured = sorted(set(sizes) | {0, E})
+    coef = torch.ones(len(measured), E, dtype=torch.float64)
+    for row, k in enumerate(measured):
         coef[row, torch.tensor(order[:k], dtype=torch.long)] = 0.0
     values = ablated_metric(model, setup, structure, edges, coef, replacement, rows)
     w = point_weights(weights, setup.base.n_walks)
-    means = wmean(w, values.T)[0]
-    full, empty = float(means[0]), float(means[1])
+    every = wmean(w, values.T)[0]
+    means, full, empty = every[[measured.index(k) for k in sizes]], float(every[-1]), float(every[0])
     gap = full - empty
-    faith = (means[2:] - empty) / gap if abs(gap) > 1e-12 * max(abs(full), 1.0) else torch.full((len(sizes),), math.nan)
-    return Faithfulness(list(sizes), faith, full, empty, means[2:]), coef.shape[0]
+    faith = (means - empty) / gap if abs(gap) > 1e-12 * max(abs(full), 1.0) else torch.full((len(sizes),), math.nan)
+    return Faithfulness(list(sizes), faith, full, empty, means), coef.shape[0]
 
 
 @dataclass

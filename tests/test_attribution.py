@@ -342,8 +342,9 @@ def test_circuit_keeps_the_top_edges_and_measures_faithfulness(bridge, icl, exac
     result = circuit(bridge, task, data, "exact", top=5, config=CONFIG, roles={"L0H0": "previous-token"})
     assert {f"{e['source']}->{e['target']}" for e in result.circuit} == LIVE
     assert result.faithfulness == pytest.approx(1.0, abs=1e-9)  # the other edges do nothing
-    assert result.curve.at(0) == pytest.approx(0.0, abs=1e-12)
-    assert result.curve.at(len(exact_edges.edges)) == pytest.approx(1.0, abs=1e-12)
+    # the ends are the fully ablated and the full model themselves: exactly 0 and 1, each run once
+    assert result.curve.at(0) == 0.0 and result.curve.at(len(exact_edges.edges)) == 1.0
+    assert result.cost.forward == exact_edges.cost.forward + len(result.curve.sizes)
     payload = result.to_json()
     scores = [abs(e["score"]) for e in payload["edges"]]
     assert scores == sorted(scores, reverse=True)
