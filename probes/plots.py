@@ -312,7 +312,7 @@ def plot_head_scores(table: Any, path: Path) -> str:
                 sns.heatmap(diff, ax=axes[1, col], annot=text, fmt="", vmin=-1, vmax=1, cmap="vlag",
                             cbar=col == 3, xticklabels=[f"H{h}" for h in range(H)],
                             yticklabels=[f"L{l}" for l in range(L)], annot_kws={"size": 8})
-                axes[1, col].set_title(f"trained - random ({table.n_random} models)", fontsize=10)
+                axes[1, col].set_title(f"trained - random ({table.n_random} model{'s' * (table.n_random != 1)})", fontsize=10)
         _save(fig, path)
     return ("Each cell is one attention head (row = layer, column = head): the share of its attention on the "
             "previous position, on the positions that followed earlier occurrences of the current state "

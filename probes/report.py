@@ -212,7 +212,7 @@ def _head_section(card: Scorecard, table: Optional[HeadTable], flat: dict[str, f
     head = "| head | score | this run [interval] | chance |"
     rule = "|---|---|---|---|"
     if random:
-        head += f" random init, {table.n_random} models [interval] | difference [interval] |"
+        head += f" random init, {table.n_random} model{'s' * (table.n_random != 1)} [interval] | difference [interval] |"
         rule += "---|---|"
     lines += [head, rule]
     for l, h in table.heads():
